@@ -1,0 +1,486 @@
+"""The `rayship.dev/v1alpha1` API: the single source of truth.
+
+The pydantic models below define the custom resources. From them come:
+- the CRDs (`rayship.generate`: structural OpenAPI schema with descriptions, defaults, CEL rules,
+  printer columns), the chart's CRDs and `manifests/`;
+- validation in `rayship render` and in the operator (the same CEL rules, evaluated with cel-python,
+  so an error at `kubectl apply` and an error from the CLI say the same thing).
+
+Field names are camelCase on the wire (aliases); Python code uses snake_case attributes.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import celpy
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "rayship.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# --- shared patterns ---------------------------------------------------------------------------
+
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
+DNS1123_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+RAY_VERSION_PATTERN = r"^[0-9]+\.[0-9]+\.[0-9]+$"
+CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+
+
+# --- CEL rules: written once, enforced by the API server and by pydantic -----------------------
+
+
+@dataclass(frozen=True)
+class CelRule:
+    """A Kubernetes `x-kubernetes-validations` rule on the object it is attached to."""
+
+    rule: str
+    message: str
+
+    def as_schema(self) -> dict[str, str]:
+        return {"rule": self.rule, "message": self.message}
+
+
+@functools.cache
+def _cel_program(rule: str) -> celpy.Runner:
+    env = celpy.Environment()
+    return env.program(env.compile(rule))
+
+
+def cel_holds(rule: str, value: Any) -> bool:
+    """Evaluate a CEL rule with `self` bound to `value` (a JSON-like structure)."""
+    result = _cel_program(rule).evaluate({"self": celpy.json_to_cel(value)})
+    if isinstance(result, Exception):  # cel-python returns evaluation errors as values
+        raise result
+    return bool(result)
+
+
+class ApiModel(BaseModel):
+    """Base for every API object: camelCase on the wire, unknown fields rejected, CEL rules checked."""
+
+    model_config = ConfigDict(alias_generator=to_camel, extra="forbid", validate_default=True)
+    cel_rules: ClassVar[tuple[CelRule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_cel_rules(self) -> ApiModel:
+        if self.cel_rules:
+            wire = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+            failed = [r.message for r in self.cel_rules if not cel_holds(r.rule, wire)]
+            if failed:
+                raise ValueError("; ".join(failed))
+        return self
+
+    def wire(self) -> dict[str, Any]:
+        """The object as the API server stores it: camelCase, defaults applied, no nulls."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def sub(model: type[BaseModel], description: str) -> Any:
+    """A nested object field that defaults to `{}` (so the API server applies its inner defaults)."""
+    return Field(default_factory=model, description=description, json_schema_extra={"default": {}})
+
+
+# --- core-style building blocks ----------------------------------------------------------------
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration (core/v1 Toleration) added to the worker pods."""
+
+    key: str | None = Field(None, description="Taint key the toleration applies to; empty matches all keys.")
+    operator: Literal["Exists", "Equal"] = Field("Equal", description="Exists or Equal.")
+    value: str | None = Field(None, description="Taint value to match when operator is Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        None, ge=0, description="For NoExecute: how long the pod stays bound after the taint appears."
+    )
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the TrainingJob's namespace."""
+
+    name: str = Field(..., min_length=1, description="Name of the Secret.")
+    key: str = Field(..., min_length=1, description="Key within the Secret.")
+    optional: bool | None = Field(None, description="Start even if the Secret or key is missing.")
+
+
+class EnvValueFrom(ApiModel):
+    """Where an environment value comes from. Only Secret references are allowed: no inline secrets."""
+
+    secret_key_ref: SecretKeyRef = Field(..., description="Read the value from a Secret key.")
+
+
+class EnvVar(ApiModel):
+    """An environment variable for every Ray container: a plain value, or a Secret reference."""
+
+    cel_rules: ClassVar = (
+        CelRule("has(self.value) != has(self.valueFrom)", "set exactly one of value or valueFrom"),
+    )
+    name: str = Field(..., pattern=ENV_NAME_PATTERN, max_length=128, description="Variable name.")
+    value: str | None = Field(None, description="Plain value (never a secret: use valueFrom).")
+    value_from: EnvValueFrom | None = Field(None, description="Value from a Secret key.")
+
+
+# --- TrainingJob spec --------------------------------------------------------------------------
+
+
+class DeepSpeedSpec(ApiModel):
+    """DeepSpeed ZeRO settings (only with strategy: deepspeed)."""
+
+    cel_rules: ClassVar = (
+        CelRule(
+            "!self.offloadParams || self.zeroStage == 3",
+            "offloadParams needs zeroStage 3 (only ZeRO-3 partitions parameters): "
+            "set zeroStage: 3 or offloadParams: false",
+        ),
+    )
+    zero_stage: Literal[1, 2, 3] = Field(
+        2, description="ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters."
+    )
+    offload_optimizer: bool = Field(False, description="Keep optimizer state in CPU memory.")
+    offload_params: bool = Field(False, description="Keep parameters in CPU memory (ZeRO-3 only).")
+    precision: Literal["fp32", "fp16", "bf16"] = Field("bf16", description="Training precision.")
+
+
+class TrainerSpec(ApiModel):
+    """What to train and how: a built-in recipe or your own train loop, and the parallel strategy."""
+
+    cel_rules: ClassVar = (
+        CelRule(
+            "has(self.recipe) != has(self.entrypoint)",
+            "set exactly one of recipe (built-in) or entrypoint (module:function)",
+        ),
+        CelRule(
+            "!has(self.deepspeed) || self.strategy == 'deepspeed'",
+            "deepspeed settings need strategy: deepspeed (or remove trainer.deepspeed)",
+        ),
+    )
+    recipe: Literal["mlp", "causal-lm"] | None = Field(
+        None, description="Built-in recipe: mlp (tabular) or causal-lm (Hugging Face causal LM)."
+    )
+    entrypoint: str | None = Field(
+        None,
+        pattern=ENTRYPOINT_PATTERN,
+        description="Bring-your-own train_loop_per_worker as module:function, importable in the image.",
+    )
+    strategy: Literal["ddp", "deepspeed"] = Field(
+        "ddp", description="ddp (PyTorch DistributedDataParallel) or deepspeed (ZeRO)."
+    )
+    deepspeed: DeepSpeedSpec | None = Field(None, description="DeepSpeed ZeRO settings.")
+    epochs: int = Field(10, ge=1, le=100_000, description="Number of passes over the training data.")
+    batch_size_per_worker: int = Field(64, ge=1, le=1_000_000, description="Batch size on each worker.")
+    learning_rate: float = Field(1e-3, gt=0, le=10, description="Optimizer learning rate.")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="Free-form settings handed to the train loop as-is."
+    )
+
+
+class DataSpec(ApiModel):
+    """Training data, read through Ray Data and sharded across workers."""
+
+    cel_rules: ClassVar = (
+        CelRule(
+            "(self.source == 'uri') == has(self.uri)",
+            "data.uri is required when source is uri, and only then",
+        ),
+        CelRule(
+            "!has(self.format) || self.source == 'uri'",
+            "data.format applies only to source: uri",
+        ),
+        CelRule(
+            "self.source != 'uri' || has(self.format) || self.uri.matches('[.](parquet|csv|jsonl)$')",
+            "set data.format (parquet, csv or jsonl): it cannot be inferred from the uri's extension",
+        ),
+    )
+    source: Literal["synthetic", "uri"] = Field(
+        "synthetic", description="synthetic (seeded, generated in the cluster) or uri."
+    )
+    uri: str | None = Field(
+        None,
+        min_length=1,
+        description="Local/PVC path or s3:// URI of the training data (source: uri).",
+    )
+    format: Literal["parquet", "csv", "jsonl"] | None = Field(
+        None, description="File format; inferred from the uri's extension when omitted."
+    )
+    samples: int = Field(4096, ge=1, le=100_000_000, description="Rows to generate (synthetic only).")
+
+
+class WorkersSpec(ApiModel):
+    """The GPU worker group: one Ray Train worker per pod."""
+
+    replicas: int = Field(1, ge=1, le=1024, description="Number of training workers (pods).")
+    gpus_per_worker: int = Field(1, ge=0, le=16, description="GPUs per worker pod (0 trains on CPU).")
+    cpus_per_worker: float = Field(4, gt=0, le=1024, description="CPU cores per worker pod.")
+    memory_per_worker: str = Field(
+        "16Gi", pattern=QUANTITY_PATTERN, description="Memory per worker pod (Kubernetes quantity)."
+    )
+    gpu_product: str | None = Field(
+        None,
+        pattern=LABEL_VALUE_PATTERN,
+        max_length=63,
+        description="Required GPU model (value of the node label nvidia.com/gpu.product).",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Extra node labels the worker pods must match."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Extra tolerations for the worker pods."
+    )
+
+
+class HeadSpec(ApiModel):
+    """The Ray head pod: coordinates the job and runs no training (num-cpus 0, no GPU)."""
+
+    cpus: float = Field(2, gt=0, le=1024, description="CPU cores for the head pod.")
+    memory: str = Field("8Gi", pattern=QUANTITY_PATTERN, description="Memory for the head pod.")
+
+
+class PvcStorage(ApiModel):
+    """A PersistentVolumeClaim mounted on every pod (ReadWriteMany for more than one node)."""
+
+    claim_name: str = Field(..., pattern=DNS1123_LABEL_PATTERN, max_length=253, description="PVC name.")
+    mount_path: str = Field(
+        "/mnt/checkpoints", pattern=r"^/.*", description="Where the PVC is mounted in every pod."
+    )
+
+
+class CheckpointStorage(ApiModel):
+    """Where checkpoints live: a PVC or an object-store URI."""
+
+    cel_rules: ClassVar = (
+        CelRule("has(self.pvc) != has(self.uri)", "set exactly one of checkpoint.storage.pvc or .uri"),
+    )
+    pvc: PvcStorage | None = Field(None, description="A PersistentVolumeClaim mounted on every pod.")
+    uri: str | None = Field(
+        None,
+        pattern=r"^(s3|gs|abfs|hdfs)://.+",
+        description="Object-store URI (s3://, gs://, abfs://, hdfs://); credentials via env.",
+    )
+
+
+class CheckpointSpec(ApiModel):
+    """Checkpointing: a retry or worker failure resumes from the latest checkpoint."""
+
+    storage: CheckpointStorage = Field(..., description="Where checkpoints are written.")
+    keep: int = Field(3, ge=1, le=1000, description="How many checkpoints to keep.")
+    every_epochs: int = Field(1, ge=1, le=100_000, description="Checkpoint every N epochs.")
+
+
+class FailurePolicy(ApiModel):
+    """How failures are retried."""
+
+    max_worker_failures: int = Field(
+        3, ge=0, le=1000, description="Worker failures Ray Train recovers from (restoring the checkpoint)."
+    )
+    retries: int = Field(
+        2, ge=0, le=100, description="Whole-job retries on a new Ray cluster (RayJob backoffLimit)."
+    )
+    active_deadline_seconds: int | None = Field(
+        None, ge=1, description="Fail the job when it runs longer than this, whatever its state."
+    )
+
+
+class SchedulingSpec(ApiModel):
+    """Queueing and priority."""
+
+    queue: str | None = Field(
+        None,
+        pattern=LABEL_VALUE_PATTERN,
+        max_length=63,
+        description="Kueue LocalQueue name (label kueue.x-k8s.io/queue-name); the job waits for admission.",
+    )
+    priority_class_name: str | None = Field(
+        None, pattern=DNS1123_LABEL_PATTERN, max_length=253, description="PriorityClass of every pod."
+    )
+
+
+class TrainingJobSpec(ApiModel):
+    """Desired state of a distributed training job on a Ray cluster."""
+
+    cel_rules: ClassVar = (
+        CelRule(
+            "!has(self.env) || self.env.all(e, self.env.exists_one(f, f.name == e.name))",
+            "env variable names must be unique",
+        ),
+        CelRule(
+            "!has(self.env) || self.env.all(e, !e.name.startsWith('RAYSHIP_') && e.name != 'NVIDIA_VISIBLE_DEVICES')",
+            "env names starting with RAYSHIP_ and NVIDIA_VISIBLE_DEVICES are set by rayship; rename the variable",
+        ),
+    )
+    image: str | None = Field(
+        None,
+        min_length=1,
+        description="Workload image (rayship_workloads); default from the operator config.",
+    )
+    ray_version: str | None = Field(
+        None, pattern=RAY_VERSION_PATTERN, description="Ray version in the image; default from the operator."
+    )
+    trainer: TrainerSpec = Field(..., description="What to train and how.")
+    data: DataSpec = sub(DataSpec, "Training data.")
+    workers: WorkersSpec = sub(WorkersSpec, "GPU worker group.")
+    head: HeadSpec = sub(HeadSpec, "Ray head pod.")
+    checkpoint: CheckpointSpec = Field(..., description="Checkpoint storage and retention.")
+    failure_policy: FailurePolicy = sub(FailurePolicy, "Retries and deadlines.")
+    ttl_seconds_after_finished: int = Field(
+        600, ge=0, description="Seconds the finished Ray cluster lingers before it is deleted."
+    )
+    suspend: bool = Field(False, description="Suspend: delete the Ray cluster (can be resumed).")
+    scheduling: SchedulingSpec = sub(SchedulingSpec, "Queue and priority.")
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=64, description="Environment for every Ray container."
+    )
+
+
+# --- TrainingJob status ------------------------------------------------------------------------
+
+Phase = Literal["Pending", "Running", "Succeeded", "Failed", "Suspended", "Invalid"]
+TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
+
+
+class Condition(ApiModel):
+    """A metav1.Condition."""
+
+    type: str = Field(..., max_length=316, description="Condition type, e.g. Running, Complete.")
+    status: Literal["True", "False", "Unknown"] = Field(..., description="True, False or Unknown.")
+    reason: str = Field(
+        ..., pattern=CONDITION_REASON_PATTERN, max_length=1024, description="CamelCase reason."
+    )
+    message: str = Field("", max_length=32768, description="Human-readable details.")
+    last_transition_time: str = Field(..., description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(None, ge=0, description="metadata.generation it reflects.")
+
+
+class ProgressStatus(ApiModel):
+    """Training progress reported by the workload."""
+
+    epoch: int | None = Field(None, ge=0, description="Last completed epoch.")
+    step: int | None = Field(None, ge=0, description="Last optimizer step.")
+    metrics: dict[str, float] = Field(default_factory=dict, description="Latest metrics, e.g. loss.")
+    last_checkpoint: str | None = Field(None, description="URI of the latest checkpoint.")
+
+
+class CheckpointStatus(ApiModel):
+    """Checkpoints and the exported model."""
+
+    latest: str | None = Field(None, description="URI of the latest checkpoint.")
+    best: str | None = Field(None, description="URI of the best checkpoint by the job's metric.")
+    model: str | None = Field(None, description="URI of the exported model in the serving layout.")
+
+
+class TrainingJobStatus(ApiModel):
+    """Observed state, mirrored from the RayJob by the operator."""
+
+    phase: Phase | None = Field(
+        None, description="Pending, Running, Succeeded, Failed, Suspended or Invalid."
+    )
+    conditions: list[Condition] = Field(default_factory=list, description="Latest observations.")
+    ray_job_name: str | None = Field(None, description="Name of the owned RayJob.")
+    ray_cluster_name: str | None = Field(None, description="Name of the Ray cluster KubeRay created.")
+    job_id: str | None = Field(None, description="Ray job submission id.")
+    dashboard_url: str | None = Field(None, alias="dashboardURL", description="Ray dashboard address.")
+    start_time: str | None = Field(None, description="When the Ray job started (RFC 3339).")
+    completion_time: str | None = Field(None, description="When the Ray job finished (RFC 3339).")
+    gpus: int | None = Field(None, ge=0, description="GPUs requested by the worker group.")
+    gpu_seconds: float | None = Field(None, ge=0, description="GPU-seconds consumed by the Ray job so far.")
+    progress: ProgressStatus | None = Field(None, description="Training progress.")
+    checkpoint: CheckpointStatus | None = Field(None, description="Checkpoints and exported model.")
+    observed_generation: int | None = Field(None, ge=0, description="Generation the status reflects.")
+
+
+# --- the resource ------------------------------------------------------------------------------
+
+
+class ObjectMeta(BaseModel):
+    """The part of metadata that rayship reads; the rest is kept as-is."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(..., min_length=1)
+    namespace: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class TrainingJob(ApiModel):
+    """Distributed training (PyTorch DDP or DeepSpeed ZeRO) on a KubeRay RayJob with GPU workers."""
+
+    cel_rules: ClassVar = (
+        CelRule(
+            f"self.metadata.name.size() <= 63 && self.metadata.name.matches('{DNS1123_LABEL_PATTERN}')",
+            "metadata.name must be a DNS-1123 label: at most 63 lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit",
+        ),
+    )
+    api_version: Literal["rayship.dev/v1alpha1"] = Field(..., alias="apiVersion")
+    kind: Literal["TrainingJob"]
+    metadata: ObjectMeta
+    spec: TrainingJobSpec
+    status: dict[str, Any] | None = None  # written by the operator; not validated on input
+
+
+@dataclass(frozen=True)
+class PrinterColumn:
+    name: str
+    type: str
+    json_path: str
+    description: str
+
+    def as_crd(self) -> dict[str, str]:
+        return {
+            "name": self.name,
+            "type": self.type,
+            "jsonPath": self.json_path,
+            "description": self.description,
+        }
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Everything the CRD generator needs to know about a kind besides its schema."""
+
+    model: type[ApiModel]
+    spec_model: type[ApiModel]
+    status_model: type[ApiModel]
+    kind: str
+    plural: str
+    singular: str
+    short_names: tuple[str, ...]
+    columns: tuple[PrinterColumn, ...]
+
+    @property
+    def crd_name(self) -> str:
+        return f"{self.plural}.{GROUP}"
+
+    @property
+    def root_rules(self) -> tuple[CelRule, ...]:
+        return self.model.cel_rules
+
+
+TRAINING_JOB = Kind(
+    model=TrainingJob,
+    spec_model=TrainingJobSpec,
+    status_model=TrainingJobStatus,
+    kind="TrainingJob",
+    plural="trainingjobs",
+    singular="trainingjob",
+    short_names=("tj",),
+    columns=(
+        PrinterColumn("Phase", "string", ".status.phase", "Lifecycle phase."),
+        PrinterColumn("Workers", "integer", ".spec.workers.replicas", "Training workers."),
+        PrinterColumn("GPUs", "integer", ".status.gpus", "GPUs requested by the worker group."),
+        PrinterColumn("Epoch", "integer", ".status.progress.epoch", "Last completed epoch."),
+        PrinterColumn("Loss", "number", ".status.progress.metrics.loss", "Latest training loss."),
+        PrinterColumn("Age", "date", ".metadata.creationTimestamp", "Time since creation."),
+    ),
+)
+
+KINDS: tuple[Kind, ...] = (TRAINING_JOB,)
+KIND_BY_NAME: dict[str, Kind] = {k.kind: k for k in KINDS}

@@ -1,0 +1,135 @@
+"""`rayship` command line: render | generate | operator.
+
+Bad input never shows a traceback: it exits 1 with one line per problem, each naming the field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from rayship import __version__, api, render
+from rayship.config import OperatorConfig
+from rayship.validation import SpecError, parse
+
+EXIT_INVALID = 1
+
+
+class InputError(Exception):
+    """A file that cannot be read or parsed."""
+
+
+def load_documents(path: str) -> Iterator[tuple[str, Any]]:
+    """(label, document) for each non-empty YAML document in `path` ('-' for stdin)."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as err:
+        raise InputError(f"{path}: cannot read: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a text file (expected YAML or JSON)") from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise InputError(f"{path}: not valid YAML{at}: {problem}") from None
+    if not docs:
+        raise InputError(f"{path}: no documents found (expected a TrainingJob)")
+    for index, doc in enumerate(docs):
+        yield (path if len(docs) == 1 else f"{path} (document {index + 1})"), doc
+
+
+def render_documents(docs: list[tuple[str, Any]], config: OperatorConfig) -> list[dict[str, Any]]:
+    objects: list[dict[str, Any]] = []
+    errors: list[str] = []
+    for label, doc in docs:
+        try:
+            obj = parse(doc)
+        except SpecError as err:
+            errors.extend(f"{label}: {p}" for p in err.problems)
+            continue
+        if isinstance(obj, api.TrainingJob):
+            objects.extend(render.render_trainingjob(obj, config))
+    if errors:
+        raise SpecError(errors)
+    return objects
+
+
+def _emit(objects: list[dict[str, Any]], output: str) -> str:
+    if output == "json":
+        payload = objects[0] if len(objects) == 1 else {"apiVersion": "v1", "kind": "List", "items": objects}
+        return json.dumps(payload, indent=2) + "\n"
+    return yaml.safe_dump_all(objects, sort_keys=False, width=120)
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    config = OperatorConfig()
+    docs = list(load_documents(args.file))
+    sys.stdout.write(_emit(render_documents(docs, config), args.output))
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from rayship import generate
+
+    return generate.main(["--root", str(args.root)] + (["--check"] if args.check else []))
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    import kopf
+
+    from rayship import handlers  # noqa: F401  (registers the handlers)
+
+    kopf.run(
+        standalone=True,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace or (),
+        liveness_endpoint=args.liveness,
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rayship", description="Distributed ML on Ray, on Kubernetes.")
+    parser.add_argument("--version", action="version", version=f"rayship {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("render", help="print the KubeRay objects a TrainingJob becomes (offline)")
+    p.add_argument("-f", "--file", required=True, help="TrainingJob YAML/JSON file, or - for stdin")
+    p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("generate", help="write the CRDs and manifests generated from the API models")
+    p.add_argument("--root", type=Path, default=Path.cwd(), help="repository root")
+    p.add_argument("--check", action="store_true", help="only check that generated files are up to date")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("operator", help="run the controller (kopf) against the current kube context")
+    p.add_argument("-n", "--namespace", action="append", help="watch only this namespace (repeatable)")
+    p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint")
+    p.set_defaults(func=cmd_operator)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (InputError, SpecError) as err:
+        print(f"error: {err}".replace("\n", "\nerror: "), file=sys.stderr)
+        return EXIT_INVALID
+    except ValidationError as err:  # operator configuration from RAYSHIP_* environment variables
+        print(f"error: invalid RAYSHIP_* configuration:\n{err}", file=sys.stderr)
+        return EXIT_INVALID
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""Operator configuration: cluster-wide defaults, read from `RAYSHIP_*` environment variables.
+
+The Helm chart sets these on the operator Deployment; `rayship render` reads the same variables, so
+an offline render matches what the operator would create.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rayship import __version__
+
+
+class OperatorConfig(BaseSettings):
+    """Defaults the renderer applies where a spec leaves a field unset."""
+
+    model_config = SettingsConfigDict(env_prefix="RAYSHIP_", frozen=True, extra="ignore")
+
+    default_image: str = Field(
+        f"rayship/rayship-workloads:{__version__}-gpu",
+        description="Workload image for spec.image (must contain rayship_workloads).",
+    )
+    default_ray_version: str = Field("2.60.0", description="Ray version in that image (spec.rayVersion).")
+    gpu_resource: str = Field("nvidia.com/gpu", description="Extended resource name of a GPU.")
+    gpu_product_label: str = Field(
+        "nvidia.com/gpu.product", description="Node label that names the GPU model (GPU feature discovery)."
+    )
+    gpu_tolerations: list[dict[str, Any]] = Field(
+        default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        description="Tolerations added to GPU pods (JSON list in the environment).",
+    )
+    gpu_node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels every GPU pod must match (JSON object)."
+    )
+    run_as_user: int = Field(1000, ge=1, description="Non-root UID of the Ray containers (ray image: 1000).")

@@ -1,0 +1,102 @@
+"""kopf wiring: thin handlers over the pure planner (`reconcile`), status (`status`) and I/O (`k8s`).
+
+Run with `rayship operator` or `kopf run --standalone -m rayship.handlers`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from rayship import k8s, names, status
+from rayship.config import OperatorConfig
+from rayship.reconcile import plan
+
+TRAININGJOBS = k8s.TRAININGJOBS
+RAYJOBS = k8s.RAYJOBS
+CONFLICT_RETRIES = 5
+
+log = logging.getLogger("rayship")
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # Keep kopf's bookkeeping in annotations, out of the status users read.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="rayship.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="rayship.dev", key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING  # our own Events say what happened; no handler chatter
+    settings.watching.server_timeout = 270
+    memo.config = OperatorConfig()
+    k8s.configure()
+
+
+@kopf.on.resume(*TRAININGJOBS, id="resume")
+@kopf.on.create(*TRAININGJOBS, id="create")
+@kopf.on.update(*TRAININGJOBS, id="update")
+def trainingjob_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    sync(namespace, name, memo.config)
+
+
+@kopf.on.event(*RAYJOBS, labels={names.LABEL_TRAININGJOB: kopf.PRESENT})
+def rayjob_changed(namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any) -> None:
+    sync(namespace, labels[names.LABEL_TRAININGJOB], memo.config)
+
+
+def sync(namespace: str, name: str, config: OperatorConfig) -> None:
+    """Bring the RayJob and the TrainingJob status in line with the spec; idempotent."""
+    for _attempt in range(CONFLICT_RETRIES):
+        trainingjob = k8s.get_trainingjob(namespace, name)
+        if trainingjob is None or trainingjob["metadata"].get("deletionTimestamp"):
+            return  # gone or going: the RayJob follows by garbage collection
+        rayjob = k8s.get_rayjob(namespace, names.rayjob_name(name))
+        todo = plan(trainingjob, rayjob, config)
+        if todo.create is not None:
+            kopf.adopt(todo.create, owner=trainingjob)
+            rayjob = k8s.create_rayjob(todo.create)
+            kopf.info(trainingjob, reason="RayJobCreated", message=f"created RayJob {todo.rayjob_name}")
+        if todo.rayjob_patch is not None:
+            rayjob = k8s.patch_rayjob(namespace, todo.rayjob_name, todo.rayjob_patch)
+            kopf.info(
+                trainingjob, reason="RayJobUpdated", message=f"applied {sorted(todo.rayjob_patch['spec'])}"
+            )
+        current = trainingjob.get("status") or {}
+        desired = status.derive(replace(todo.observation, rayjob=rayjob), datetime.now(UTC))
+        patch = status.owned_changes(current, desired)
+        if not patch:
+            return
+        try:
+            k8s.patch_trainingjob_status(namespace, name, patch, trainingjob["metadata"]["resourceVersion"])
+        except k8s.Conflict:
+            continue
+        _announce(trainingjob, current, desired)
+        return
+    raise kopf.TemporaryError(f"TrainingJob {namespace}/{name} kept changing; retrying", delay=2)
+
+
+def _announce(trainingjob: dict[str, Any], current: dict[str, Any], desired: dict[str, Any]) -> None:
+    """A Kubernetes Event for each phase transition and each new spec-edit report."""
+    phase = desired.get("phase")
+    if phase != current.get("phase"):
+        # Every phase condition carries the phase's reason and message; Invalid has only "Valid".
+        cond = _condition(desired, "Valid" if phase == "Invalid" else "Running")
+        kind = "Warning" if phase in ("Failed", "Invalid") else "Normal"
+        kopf.event(
+            trainingjob,
+            type=kind,
+            reason=cond.get("reason", phase),
+            message=f"{phase}: {cond.get('message', '')}",
+        )
+    before = _condition(current, "SpecApplied")
+    after = _condition(desired, "SpecApplied")
+    if after.get("status") == "False" and after.get("message") != before.get("message"):
+        kopf.event(trainingjob, type="Warning", reason=after["reason"], message=after["message"])
+
+
+def _condition(st: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in st.get("conditions") or [] if c.get("type") == type_), {})

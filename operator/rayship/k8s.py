@@ -1,0 +1,85 @@
+"""The only module that talks to the Kubernetes API (through the official client)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from rayship import api
+
+TRAININGJOBS = (api.GROUP, api.VERSION, "trainingjobs")
+RAYJOBS = ("ray.io", "v1", "rayjobs")
+
+
+class Conflict(Exception):
+    """The object changed since it was read (HTTP 409): read it again and retry."""
+
+
+def configure() -> None:
+    """In a pod: the service account; elsewhere: the current kubeconfig context."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    _custom.cache_clear()
+
+
+@functools.cache
+def _custom() -> kubernetes.client.CustomObjectsApi:
+    return kubernetes.client.CustomObjectsApi()
+
+
+def _get(resource: tuple[str, str, str], namespace: str, name: str) -> dict[str, Any] | None:
+    group, version, plural = resource
+    try:
+        return _custom().get_namespaced_custom_object(group, version, namespace, plural, name)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def get_trainingjob(namespace: str, name: str) -> dict[str, Any] | None:
+    return _get(TRAININGJOBS, namespace, name)
+
+
+def get_rayjob(namespace: str, name: str) -> dict[str, Any] | None:
+    return _get(RAYJOBS, namespace, name)
+
+
+def create_rayjob(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Create the RayJob; if it already exists (a concurrent reconcile won), return the stored one."""
+    group, version, plural = RAYJOBS
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    try:
+        return _custom().create_namespaced_custom_object(group, version, namespace, plural, dict(body))
+    except ApiException as err:
+        if err.status != 409:
+            raise
+    existing = get_rayjob(namespace, name)
+    if existing is None:
+        raise Conflict(f"RayJob {namespace}/{name} was reported to exist but is gone")
+    return existing
+
+
+def patch_rayjob(namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+    group, version, plural = RAYJOBS
+    return _custom().patch_namespaced_custom_object(group, version, namespace, plural, name, dict(patch))
+
+
+def patch_trainingjob_status(
+    namespace: str, name: str, patch: Mapping[str, Any], resource_version: str
+) -> None:
+    """Merge-patch the status subresource, only if the object is still at `resource_version`."""
+    group, version, plural = TRAININGJOBS
+    body = {"metadata": {"resourceVersion": resource_version}, "status": dict(patch)}
+    try:
+        _custom().patch_namespaced_custom_object_status(group, version, namespace, plural, name, body)
+    except ApiException as err:
+        if err.status == 409:
+            raise Conflict(f"TrainingJob {namespace}/{name} changed while its status was computed") from None
+        raise

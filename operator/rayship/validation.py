@@ -1,0 +1,123 @@
+"""Turn a user's document into a validated API object, or a `SpecError` that names each bad field
+and says how to fix it. Used by the CLI and by the operator (same rules, same words)."""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from rayship import api
+
+# What a pattern means, in words a user can act on.
+PATTERN_HINTS = {
+    api.QUANTITY_PATTERN: "a Kubernetes quantity such as 16Gi, 512Mi or 2",
+    api.DNS1123_LABEL_PATTERN: "lowercase letters, digits and '-', starting and ending with a letter or digit",
+    api.LABEL_VALUE_PATTERN: "a label value: letters, digits, '-', '_' and '.', at most 63 characters",
+    api.ENV_NAME_PATTERN: "letters, digits and '_', not starting with a digit",
+    api.ENTRYPOINT_PATTERN: "module:function, e.g. mypkg.train:train_loop",
+    api.RAY_VERSION_PATTERN: "a version such as 2.60.0",
+    r"^(s3|gs|abfs|hdfs)://.+": "an object-store URI such as s3://bucket/checkpoints",
+    r"^/.*": "an absolute path such as /mnt/checkpoints",
+}
+
+
+class SpecError(ValueError):
+    """Invalid input: one line per problem, each starting with the field path."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _inner_model(annotation: Any) -> type[BaseModel] | None:
+    """The model inside Optional[...] / list[...] / dict[str, ...], if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType, list, dict):
+        for arg in typing.get_args(annotation):
+            found = _inner_model(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _model_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if current is None:
+            return None
+        if isinstance(part, int):
+            continue
+        field = next((f for n, f in current.model_fields.items() if (f.alias or n) == part), None)
+        current = _inner_model(field.annotation) if field is not None else None
+    return current
+
+
+def _allowed(model: type[BaseModel] | None) -> list[str]:
+    return [f.alias or n for n, f in model.model_fields.items()] if model else []
+
+
+def _describe(model: type[BaseModel], error: Mapping[str, Any]) -> str:
+    loc = tuple(error["loc"])
+    path = field_path(loc) or model.__name__
+    kind, value = error["type"], error.get("input")
+    if kind == "extra_forbidden":
+        allowed = _allowed(_model_at(model, loc[:-1]))
+        guess = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        hint = f"did you mean {guess[0]!r}? " if guess else ""
+        return f"{path}: unknown field; {hint}allowed here: {', '.join(allowed)}"
+    if kind == "missing":
+        return f"{path}: required field is missing"
+    if kind == "string_pattern_mismatch":
+        pattern = error.get("ctx", {}).get("pattern", "")
+        return f"{path}: {value!r} is not valid: expected {PATTERN_HINTS.get(pattern, f'to match {pattern}')}"
+    if kind == "value_error":
+        return f"{path}: {error['msg'].removeprefix('Value error, ')}"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"{path}: expected a mapping of fields, got {type(value).__name__} {value!r}"
+    return f"{path}: {error['msg'][0].lower()}{error['msg'][1:]} (got {value!r})"
+
+
+def problems(model: type[BaseModel], err: ValidationError) -> list[str]:
+    return [_describe(model, e) for e in err.errors(include_url=False)]
+
+
+def parse(doc: Any) -> api.ApiModel:
+    """Validate one document (a parsed YAML/JSON object) against the rayship API."""
+    if not isinstance(doc, Mapping):
+        raise SpecError(
+            [
+                f"document: expected a mapping with apiVersion, kind, metadata and spec, got {type(doc).__name__}"
+            ]
+        )
+    kinds = ", ".join(api.KIND_BY_NAME)
+    kind = api.KIND_BY_NAME.get(doc.get("kind"))  # type: ignore[arg-type]
+    if kind is None:
+        raise SpecError([f"kind: {doc.get('kind')!r} is not a rayship kind; expected one of: {kinds}"])
+    if doc.get("apiVersion") != api.API_VERSION:
+        raise SpecError(
+            [f"apiVersion: {doc.get('apiVersion')!r} is not served; use apiVersion: {api.API_VERSION}"]
+        )
+    try:
+        return kind.model.model_validate(doc)
+    except ValidationError as err:
+        raise SpecError(problems(kind.model, err)) from None
+
+
+def parse_trainingjob(doc: Any) -> api.TrainingJob:
+    obj = parse(doc)
+    if not isinstance(obj, api.TrainingJob):
+        raise SpecError([f"kind: expected TrainingJob, got {obj.kind}"])
+    return obj
