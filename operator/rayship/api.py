@@ -55,17 +55,22 @@ def _cel_program(rule: str) -> celpy.Runner:
 
 
 def cel_holds(rule: str, value: Any) -> bool:
-    """Evaluate a CEL rule with `self` bound to `value` (a JSON-like structure)."""
-    result = _cel_program(rule).evaluate({"self": celpy.json_to_cel(value)})
-    if isinstance(result, Exception):  # cel-python returns evaluation errors as values
-        raise result
-    return bool(result)
+    """Evaluate a CEL rule with `self` bound to `value` (a JSON-like structure).
+
+    As in the API server, a rule whose evaluation fails (e.g. a missing field) does not hold.
+    """
+    try:
+        result = _cel_program(rule).evaluate({"self": celpy.json_to_cel(value)})
+    except celpy.CELEvalError:
+        return False
+    return not isinstance(result, Exception) and bool(result)
 
 
 class ApiModel(BaseModel):
     """Base for every API object: camelCase on the wire, unknown fields rejected, CEL rules checked."""
 
-    model_config = ConfigDict(alias_generator=to_camel, extra="forbid", validate_default=True)
+    # strict: like the API server, "yes" is not a boolean and "5" is not an integer
+    model_config = ConfigDict(alias_generator=to_camel, extra="forbid", validate_default=True, strict=True)
     cel_rules: ClassVar[tuple[CelRule, ...]] = ()
 
     @model_validator(mode="after")
@@ -196,7 +201,7 @@ class DataSpec(ApiModel):
             "data.format applies only to source: uri",
         ),
         CelRule(
-            "self.source != 'uri' || has(self.format) || self.uri.matches('[.](parquet|csv|jsonl)$')",
+            "self.source != 'uri' || has(self.format) || !has(self.uri) || self.uri.matches('[.](parquet|csv|jsonl)$')",
             "set data.format (parquet, csv or jsonl): it cannot be inferred from the uri's extension",
         ),
     )

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from rayship import __version__, api, render
 from rayship.config import OperatorConfig
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     except (InputError, SpecError) as err:
         print(f"error: {err}".replace("\n", "\nerror: "), file=sys.stderr)
         return EXIT_INVALID
-    except ValidationError as err:  # operator configuration from RAYSHIP_* environment variables
+    except (ValidationError, SettingsError) as err:  # RAYSHIP_* environment variables
         print(f"error: invalid RAYSHIP_* configuration:\n{err}", file=sys.stderr)
         return EXIT_INVALID
 

