@@ -12,12 +12,16 @@ Field names are camelCase on the wire (aliases); Python code uses snake_case att
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import celpy
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+
+# cel-python logs every evaluation step at DEBUG; that would drown the operator's own log.
+logging.getLogger("celpy").setLevel(logging.WARNING)
 
 GROUP = "rayship.dev"
 VERSION = "v1alpha1"
