@@ -78,6 +78,40 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workloads() -> Any:
+    try:
+        from rayship_workloads import local
+    except ImportError as err:
+        raise InputError(
+            f"the workload stack is not installed ({err.name}): run `make setup` or "
+            "`pip install -e '.[workloads]'`"
+        ) from None
+    return local
+
+
+def _one_trainingjob(path: str) -> dict[str, Any]:
+    docs = list(load_documents(path))
+    if len(docs) != 1:
+        raise InputError(f"{path}: expected one TrainingJob, found {len(docs)} documents")
+    label, doc = docs[0]
+    try:
+        obj = parse(doc)
+    except SpecError as err:
+        raise SpecError([f"{label}: {p}" for p in err.problems]) from None
+    if not isinstance(obj, api.TrainingJob):
+        raise InputError(f"{label}: expected a TrainingJob, got {obj.kind}")
+    resolved = obj.wire()
+    resolved.pop("status", None)
+    return resolved
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    local = _workloads()
+    doc = _one_trainingjob(args.file)
+    local.run(doc, runs_dir=Path(args.runs_dir))
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from rayship import generate
 
@@ -107,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--file", required=True, help="TrainingJob YAML/JSON file, or - for stdin")
     p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format")
     p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("run", help="train a TrainingJob on local Ray (GPUs scaled down to CPU if absent)")
+    p.add_argument("-f", "--file", required=True, help="TrainingJob YAML/JSON file, or - for stdin")
+    p.add_argument("--runs-dir", default="rayship-runs", help="where checkpoints, metrics and the model go")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("generate", help="write the CRDs and manifests generated from the API models")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="repository root")

@@ -1,0 +1,47 @@
+"""Local Ray for the workload tests: one CPU-only Ray instance per test session.
+
+Ray runs with token auth disabled (Ray 2.60 enables it by default), no usage stats, no dashboard,
+a small object store, and HOME/TMPDIR in a short private directory (Ray's socket paths are limited).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("ray", reason="the workload stack is not installed: run `make setup`")
+
+_TMP = tempfile.mkdtemp(prefix="rs-", dir="/tmp")
+os.environ.update(
+    {
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "HOME": _TMP,
+        "TMPDIR": _TMP,
+        "RAY_DEDUP_LOGS": "0",
+    }
+)
+
+LOGICAL_CPUS = 4  # scheduling tokens: 2 train workers + Ray Data / Serve tasks on a 2-core machine
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    import ray
+
+    ray.init(
+        address="local",
+        num_cpus=LOGICAL_CPUS,
+        include_dashboard=False,
+        object_store_memory=256 * 1024 * 1024,
+        log_to_driver=True,
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(_TMP, ignore_errors=True)

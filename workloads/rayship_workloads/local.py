@@ -1,0 +1,135 @@
+"""Local mode: the same TrainingJob YAML on a laptop's Ray (`rayship run -f`), then serving and
+querying the result (`rayship serve`, `make demo`).
+
+Outputs go to `./rayship-runs/<name>/`: `checkpoints/`, `metrics.json`, `loss.png` and
+`result.json` ({latest, best, model} URIs; `rayship serve` resolves TrainingJobs through it).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+RUNS_DIR = Path("rayship-runs")
+
+
+def local_environment() -> None:
+    """Ray settings for a single-machine cluster (Ray 2.60 turns token auth on by default)."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def localize(doc: dict[str, Any], *, cores: int, has_gpu: bool) -> tuple[dict[str, Any], str]:
+    """The spec scaled to this machine, and one line saying what changed."""
+    doc = copy.deepcopy(doc)
+    workers = doc["spec"]["workers"]
+    asked = f"{workers['replicas']} workers x {workers['gpusPerWorker']} GPU"
+    changes = []
+    if workers["gpusPerWorker"] and not has_gpu:
+        workers["gpusPerWorker"] = 0
+        changes.append("no GPU here: training on CPU")
+    if workers["replicas"] > cores:
+        workers["replicas"] = cores
+        changes.append(f"capped to {cores} workers (local cores)")
+    got = f"{workers['replicas']} {'GPU' if workers['gpusPerWorker'] else 'CPU'} workers"
+    return doc, f"local run: {asked} requested -> {got}" + (f" ({'; '.join(changes)})" if changes else "")
+
+
+def run_dir(doc: dict[str, Any], runs_dir: Path = RUNS_DIR) -> Path:
+    return (runs_dir / doc["metadata"]["name"]).resolve()
+
+
+def init_ray(workers: int) -> None:
+    import ray
+
+    local_environment()
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False  # our progress lines say enough
+    if not ray.is_initialized():
+        # Logical CPUs: one per training worker plus room for Ray Data and Serve tasks.
+        ray.init(
+            address="local",
+            num_cpus=max(os.cpu_count() or 1, workers + 2),
+            include_dashboard=False,
+            object_store_memory=256 * 1024 * 1024,
+            logging_level="WARNING",
+            log_to_driver=False,  # Ray's own chatter; progress is followed from metrics.json instead
+        )
+
+
+def follow(metrics_path: Path, epochs: int, stop: threading.Event) -> None:
+    """Print one line per reported epoch, as the progress callback appends to metrics.json."""
+    shown = 0
+    while not stop.wait(0.5) or shown == 0:
+        try:
+            history = json.loads(metrics_path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):  # not written yet, or mid-write
+            if stop.is_set():
+                return
+            continue
+        for record in history[shown:]:
+            loss = record["metrics"].get("loss")
+            saved = f"  checkpoint {record['checkpoint']}" if record.get("checkpoint") else ""
+            print(f"epoch {record['epoch']}/{epochs}  step {record['step']}  loss {loss:.5f}{saved}", flush=True)
+        shown = len(history)
+        if stop.is_set():
+            return
+
+
+def plot_loss(history: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [(h["epoch"], h["metrics"]["loss"]) for h in history if "loss" in h.get("metrics", {})]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o")
+    ax.set(xlabel="epoch", ylabel="training loss (mean over workers)", title=title, yscale="log")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run(doc: dict[str, Any], *, runs_dir: Path = RUNS_DIR) -> dict[str, Any]:
+    """Train a resolved TrainingJob on local Ray; returns result.json's content."""
+    import torch
+
+    from rayship_workloads import train
+
+    local, notice = localize(doc, cores=os.cpu_count() or 1, has_gpu=torch.cuda.is_available())
+    print(notice, flush=True)
+    out = run_dir(local, runs_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    init_ray(local["spec"]["workers"]["replicas"])
+    metrics_path = out / "metrics.json"
+    metrics_path.unlink(missing_ok=True)
+    stop = threading.Event()
+    follower = threading.Thread(target=follow, args=(metrics_path, local["spec"]["trainer"]["epochs"], stop), daemon=True)
+    follower.start()
+    try:
+        outcome = train.train(
+            local, storage_override=str(out / "checkpoints"), metrics_path=str(metrics_path), quiet=True, echo=False
+        )
+    finally:
+        stop.set()
+        follower.join(timeout=5)
+    history = json.loads((out / "metrics.json").read_text())
+    plot_loss(history, out / "loss.png", local["metadata"]["name"])
+    result = {
+        "name": local["metadata"]["name"],
+        "latest": outcome.latest,
+        "best": outcome.best,
+        "model": outcome.model_uri,
+        "metrics": outcome.metrics,
+    }
+    (out / "result.json").write_text(json.dumps(result, indent=2))
+    print(f"metrics: {out / 'metrics.json'}  loss curve: {out / 'loss.png'}")
+    print(f"model: {outcome.model_uri}", flush=True)
+    return result

@@ -1,0 +1,104 @@
+"""Progress: every report's epoch, step, metrics and checkpoint go to the terminal, to a local
+metrics.json, and (inside the cluster) to the TrainingJob's `status.progress`.
+
+Runs as a Ray Train callback on the controller. Patching the TrainingJob is rate-limited and never
+fatal: a failed patch is logged and training goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+import ray.train
+
+log = logging.getLogger("rayship.progress")
+MIN_INTERVAL_S = 10.0
+
+
+def checkpoint_uri(checkpoint: ray.train.Checkpoint, storage_root: str) -> str:
+    """A URI users can paste: the scheme of the storage root plus the checkpoint's path."""
+    scheme = storage_root.split("://", 1)[0] if "://" in storage_root else ""
+    return f"{scheme}://{checkpoint.path}" if scheme and "://" not in checkpoint.path else checkpoint.path
+
+
+def summarize(metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """One record from every rank's metrics: epoch/step from rank 0, numeric metrics averaged."""
+    first = metrics[0]
+    numeric = {
+        k: fmean(float(m[k]) for m in metrics if k in m)
+        for k, v in first.items()
+        if isinstance(v, int | float) and k not in ("epoch", "step", "resumed_from_epoch")
+    }
+    return {"epoch": int(first.get("epoch", 0)), "step": int(first.get("step", 0)), "metrics": numeric}
+
+
+class TrainingJobStatus:
+    """Merge-patches `status` of one TrainingJob from inside the cluster (service account token)."""
+
+    def __init__(self, ref: str):
+        self.namespace, _, self.name = ref.rpartition("/")
+        self._api: Any = None
+
+    def patch(self, status: dict[str, Any]) -> bool:
+        import kubernetes
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            if self._api is None:
+                kubernetes.config.load_incluster_config()
+                self._api = kubernetes.client.CustomObjectsApi()
+            self._api.patch_namespaced_custom_object_status(
+                "rayship.dev", "v1alpha1", self.namespace, "trainingjobs", self.name, {"status": status}
+            )
+            return True
+        except (ApiException, HTTPError, OSError, kubernetes.config.ConfigException) as err:
+            log.warning("could not update TrainingJob %s/%s status (training goes on): %s", self.namespace, self.name, err)
+            return False
+
+
+class ProgressCallback(ray.train.UserCallback):
+    def __init__(
+        self,
+        *,
+        epochs: int,
+        storage_root: str,
+        metrics_path: str | None = None,
+        trainingjob: str | None = None,
+        echo: bool = True,
+    ):
+        self.epochs = epochs
+        self.storage_root = storage_root
+        self.metrics_path = metrics_path
+        self.status = TrainingJobStatus(trainingjob) if trainingjob else None
+        self.echo = echo
+        self.history: list[dict[str, Any]] = []
+        self._last_patch = 0.0
+        self._last_checkpoint: str | None = None
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: ray.train.Checkpoint | None) -> None:
+        record = summarize(metrics)
+        if checkpoint is not None:
+            self._last_checkpoint = checkpoint_uri(checkpoint, self.storage_root)
+        record["checkpoint"] = self._last_checkpoint
+        self.history.append(record)
+        if self.echo:
+            loss = record["metrics"].get("loss")
+            shown = f" loss {loss:.5f}" if loss is not None else ""
+            saved = f"  checkpoint {self._last_checkpoint}" if checkpoint is not None else ""
+            print(f"[rayship] epoch {record['epoch']}/{self.epochs} step {record['step']}{shown}{saved}", flush=True)
+        if self.metrics_path:
+            Path(self.metrics_path).write_text(json.dumps(self.history, indent=2))
+        if self.status is not None:
+            due = time.monotonic() - self._last_patch >= MIN_INTERVAL_S
+            if due or checkpoint is not None or record["epoch"] >= self.epochs:
+                progress = {"epoch": record["epoch"], "step": record["step"], "metrics": record["metrics"]}
+                if self._last_checkpoint:
+                    progress["lastCheckpoint"] = self._last_checkpoint
+                if self.status.patch({"progress": progress}):
+                    self._last_patch = time.monotonic()

@@ -1,0 +1,117 @@
+"""Train loops (`train_loop_per_worker`): the built-in recipes and bring-your-own `module:function`.
+
+Every loop receives `config` = the TrainingJob's `trainer.config` plus a `rayship` key holding the
+resolved spec and what the driver worked out (feature columns, model config). The loops mark their
+Ray steps `# [1] prepare data ... # [4] report`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray.train
+import ray.train.torch
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from rayship_workloads import data, models, strategies
+from rayship_workloads.strategies import Strategy
+
+STATE = "rayship-state.json"
+EpochHook = Callable[[int], None]
+
+
+def checkpoint_name(epoch: int) -> str:
+    return f"epoch-{epoch:05d}"
+
+
+def resume(strategy: Strategy) -> tuple[int, int]:
+    """(epoch, step) of the latest checkpoint, after loading it; (0, 0) when starting fresh."""
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return 0, 0
+    with checkpoint.as_directory() as directory:
+        strategy.load(Path(directory))
+        state = json.loads((Path(directory) / STATE).read_text())
+    return int(state["epoch"]), int(state["step"])
+
+
+def report(strategy: Strategy, *, epoch: int, step: int, metrics: dict[str, float], save: bool) -> None:
+    """Report this epoch's metrics from every rank, with a checkpoint when `save`."""
+    rank = ray.train.get_context().get_world_rank()
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = None
+        if save:
+            strategy.save(Path(tmp))
+            if rank == 0:
+                (Path(tmp) / STATE).write_text(json.dumps({"epoch": epoch, "step": step, "strategy": strategy.name}))
+            if any(Path(tmp).iterdir()):
+                checkpoint = ray.train.Checkpoint.from_directory(tmp)
+        ray.train.report(
+            {"epoch": epoch, "step": step, **metrics},
+            checkpoint=checkpoint,
+            checkpoint_dir_name=checkpoint_name(epoch) if save else None,
+        )
+
+
+def mlp_config(n_features: int, config: dict[str, Any]) -> dict[str, Any]:
+    return {"in_features": n_features, "hidden": list(config.get("hidden", [64, 64])), "out_features": 1}
+
+
+def mlp_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None) -> None:
+    """Tabular regression with an MLP (mean squared error)."""
+    rayship = config["rayship"]
+    spec, features = rayship["spec"], rayship["features"]
+    trainer, every = spec["trainer"], spec["checkpoint"]["everyEpochs"]
+    label = config.get("label", data.LABEL)
+    device = ray.train.torch.get_device()
+
+    # [1] prepare data: this worker's shard of the Ray Dataset
+    shard = ray.train.get_dataset_shard("train")
+
+    # [2] prepare the model: DDP or DeepSpeed, placed on this worker's device
+    torch.manual_seed(int(config.get("seed", 0)))
+    model = models.build_mlp(rayship["model_config"])
+    strategy = strategies.create(spec, model, trainer["batchSizePerWorker"])
+
+    # [3] resume from the latest checkpoint, if this run has one
+    start_epoch, step = resume(strategy)
+
+    # [4] train, and report every epoch (checkpointing every `everyEpochs` and at the end)
+    for epoch in range(start_epoch + 1, trainer["epochs"] + 1):
+        total, batches = 0.0, 0
+        for batch in shard.iter_torch_batches(batch_size=trainer["batchSizePerWorker"], dtypes=torch.float32):
+            x = torch.stack([batch[c] for c in features], dim=1).to(device, strategy.dtype)
+            y = batch[label].to(device).unsqueeze(1)
+            loss = F.mse_loss(strategy.model(x).float(), y)
+            strategy.step(loss)
+            total, batches, step = total + loss.item(), batches + 1, step + 1
+        save = epoch % every == 0 or epoch == trainer["epochs"]
+        metrics = {"loss": total / max(batches, 1), "resumed_from_epoch": start_epoch}
+        report(strategy, epoch=epoch, step=step, metrics=metrics, save=save)
+        if on_epoch_end is not None:
+            on_epoch_end(epoch)
+
+
+RECIPES: dict[str, Callable[[dict[str, Any]], None]] = {"mlp": mlp_loop}
+DATA_KIND = {"mlp": "tabular", "causal-lm": "text"}
+
+
+def resolve(trainer: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    """The train loop for `trainer.recipe`, or the user's `trainer.entrypoint` (module:function)."""
+    if trainer.get("recipe"):
+        return RECIPES[trainer["recipe"]]
+    module_name, _, attr = trainer["entrypoint"].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"trainer.entrypoint {trainer['entrypoint']!r}: cannot import {module_name!r}: {err}") from None
+    loop = getattr(module, attr, None)
+    if not callable(loop):
+        raise ValueError(f"trainer.entrypoint {trainer['entrypoint']!r}: {module_name} has no function {attr!r}")
+    return loop

@@ -1,0 +1,122 @@
+"""Parallel strategies behind one small interface: PyTorch DDP and DeepSpeed ZeRO.
+
+A strategy wraps the model and optimizer, takes a step from a loss, and saves/loads a checkpoint
+directory that resumes training exactly (model + optimizer state). DDP checkpoints are written by
+rank 0; DeepSpeed checkpoints by every rank (each writes its ZeRO shard).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+DDP_STATE = "state.pt"
+DS_TAG = "ds"
+
+
+class Strategy(Protocol):
+    name: str
+    model: nn.Module
+    dtype: torch.dtype
+
+    def step(self, loss: torch.Tensor) -> None: ...
+    def save(self, directory: Path) -> None: ...
+    def load(self, directory: Path) -> None: ...
+
+
+def deepspeed_config(spec: dict[str, Any], micro_batch: int, use_gpu: bool) -> dict[str, Any]:
+    """The DeepSpeed config for `trainer.deepspeed`: ZeRO stage, CPU offload, precision."""
+    ds = spec["trainer"].get("deepspeed") or {}
+    precision = ds.get("precision", "bf16")
+    zero: dict[str, Any] = {"stage": ds.get("zeroStage", 2)}
+    if ds.get("offloadOptimizer"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": use_gpu}
+    if ds.get("offloadParams"):
+        zero["offload_param"] = {"device": "cpu", "pin_memory": use_gpu}
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        # torch's AdamW: DeepSpeed's fused/CPU Adam would JIT-compile C++ ops on first use
+        "optimizer": {"type": "AdamW", "params": {"lr": spec["trainer"]["learningRate"], "torch_adam": True}},
+        "zero_force_ds_cpu_optimizer": False,
+        "zero_optimization": zero,
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": precision == "fp16"},
+        "steps_per_print": 1_000_000_000,
+        "wall_clock_breakdown": False,
+    }
+
+
+class DDPStrategy:
+    name = "ddp"
+    dtype = torch.float32
+
+    def __init__(self, model: nn.Module, learning_rate: float):
+        import ray.train.torch
+
+        self.model = ray.train.torch.prepare_model(model)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=learning_rate)
+
+    @property
+    def module(self) -> nn.Module:
+        return getattr(self.model, "module", self.model)
+
+    def step(self, loss: torch.Tensor) -> None:
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+
+    def save(self, directory: Path) -> None:
+        import ray.train
+
+        if ray.train.get_context().get_world_rank() == 0:
+            torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}, directory / DDP_STATE)
+
+    def load(self, directory: Path) -> None:
+        state = torch.load(directory / DDP_STATE, map_location="cpu", weights_only=True)
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+class DeepSpeedStrategy:
+    name = "deepspeed"
+
+    def __init__(self, model: nn.Module, spec: dict[str, Any], micro_batch: int):
+        import deepspeed
+
+        config = deepspeed_config(spec, micro_batch, use_gpu=torch.cuda.is_available())
+        self.model, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, model_parameters=model.parameters(), config=config
+        )
+        precision = config["bf16"]["enabled"] and torch.bfloat16 or config["fp16"]["enabled"] and torch.float16
+        self.dtype = precision or torch.float32
+
+    def step(self, loss: torch.Tensor) -> None:
+        self.model.backward(loss)
+        self.model.step()
+
+    def save(self, directory: Path) -> None:
+        self.model.save_checkpoint(str(directory), tag=DS_TAG)  # collective: every rank writes its shard
+
+    def load(self, directory: Path) -> None:
+        path, _ = self.model.load_checkpoint(str(directory), tag=DS_TAG)
+        if path is None:
+            raise FileNotFoundError(f"{directory}: no DeepSpeed checkpoint with tag {DS_TAG!r}")
+
+
+def create(spec: dict[str, Any], model: nn.Module, micro_batch: int) -> Strategy:
+    if spec["trainer"].get("strategy", "ddp") == "deepspeed":
+        return DeepSpeedStrategy(model, spec, micro_batch)
+    return DDPStrategy(model, spec["trainer"]["learningRate"])
+
+
+def full_state_dict(checkpoint_dir: Path, strategy: str) -> dict[str, torch.Tensor]:
+    """The whole model's fp32 weights from a checkpoint directory (run on one process, CPU only)."""
+    if strategy == "deepspeed":
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag=DS_TAG)
+    return torch.load(checkpoint_dir / DDP_STATE, map_location="cpu", weights_only=True)["model"]

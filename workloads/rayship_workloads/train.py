@@ -1,0 +1,164 @@
+"""`python -m rayship_workloads.train --spec <file|json>`: run a TrainingJob on the Ray cluster.
+
+The same TrainingJob YAML the operator renders from: validated with the rayship API models, then
+a Ray Train `TorchTrainer` (DDP or DeepSpeed), checkpoints under `<storage>/<run name>/`, resumed
+from the latest one on retry, and the final model exported in the serving layout
+(`rayship_workloads.models`) to `<storage>/<run name>/model`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray.train
+from ray.train.torch import TorchTrainer
+
+from rayship.validation import SpecError, parse_trainingjob
+from rayship_workloads import data, models, progress, recipes, storage, strategies
+
+ENV_TRAININGJOB = "RAYSHIP_TRAININGJOB"
+
+
+@dataclass
+class Outcome:
+    run_name: str
+    storage_root: str
+    latest: str | None
+    best: str | None
+    model_uri: str | None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def load_spec(value: str) -> dict[str, Any]:
+    """A TrainingJob from a JSON string or a YAML/JSON file, validated; the resolved wire dict."""
+    import yaml
+
+    text = value if value.lstrip().startswith("{") else Path(value).read_text()
+    doc = yaml.safe_load(text)
+    tj = parse_trainingjob(doc)
+    resolved = tj.model_dump(mode="json", by_alias=True, exclude_none=True)
+    resolved.pop("status", None)
+    return resolved
+
+
+def run_name(doc: dict[str, Any]) -> str:
+    """Stable per TrainingJob: a retry (new process, same storage) finds its checkpoints again."""
+    meta = doc["metadata"]
+    return f"{meta['namespace']}.{meta['name']}" if meta.get("namespace") else meta["name"]
+
+
+def storage_root(spec: dict[str, Any]) -> str:
+    store = spec["checkpoint"]["storage"]
+    return store["pvc"]["mountPath"] if "pvc" in store else store["uri"]
+
+
+def build_trainer(
+    doc: dict[str, Any],
+    *,
+    storage_override: str | None = None,
+    metrics_path: str | None = None,
+    trainingjob: str | None = None,
+    echo: bool = True,
+    quiet: bool = False,
+) -> tuple[TorchTrainer, dict[str, Any]]:
+    """The TorchTrainer for a resolved TrainingJob, and the context the export step needs."""
+    spec = doc["spec"]
+    trainer_spec, workers = spec["trainer"], spec["workers"]
+    user_config = dict(trainer_spec.get("config") or {})
+    kind = recipes.DATA_KIND.get(trainer_spec.get("recipe") or "", "tabular")
+    dataset = data.load(spec["data"], kind=kind, config=user_config)
+    context: dict[str, Any] = {"spec": spec}
+    if kind == "tabular":
+        context["features"] = data.feature_columns(dataset, user_config)
+        context["model_config"] = recipes.mlp_config(len(context["features"]), user_config)
+    root = storage_override or storage_root(spec)
+    gpus = workers["gpusPerWorker"]
+    resources = {"CPU": 1, "GPU": gpus} if gpus else {"CPU": 1}  # CPUs left over feed Ray Data
+    trainer = TorchTrainer(
+        recipes.resolve(trainer_spec),
+        train_loop_config={**user_config, "rayship": context},
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=workers["replicas"], use_gpu=gpus > 0, resources_per_worker=resources
+        ),
+        run_config=ray.train.RunConfig(
+            name=run_name(doc),
+            storage_path=root,
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=spec["checkpoint"]["keep"]),
+            failure_config=ray.train.FailureConfig(max_failures=spec["failurePolicy"]["maxWorkerFailures"]),
+            logging_config=ray.train.LoggingConfig(log_level="WARNING") if quiet else None,
+            callbacks=[
+                progress.ProgressCallback(
+                    epochs=trainer_spec["epochs"],
+                    storage_root=root,
+                    metrics_path=metrics_path,
+                    trainingjob=trainingjob,
+                    echo=echo,
+                )
+            ],
+        ),
+        datasets={"train": dataset},
+    )
+    return trainer, {**context, "storage_root": root}
+
+
+def export(result: ray.train.Result, doc: dict[str, Any], context: dict[str, Any]) -> str | None:
+    """Write the final model in the serving layout next to the checkpoints; its URI (None for
+    bring-your-own loops, whose checkpoint format rayship does not know)."""
+    spec = doc["spec"]
+    if result.checkpoint is None or spec["trainer"].get("recipe") != "mlp":
+        return None
+    target = storage.join(context["storage_root"], run_name(doc), "model")
+    with result.checkpoint.as_directory() as directory, tempfile.TemporaryDirectory() as tmp:
+        state = strategies.full_state_dict(Path(directory), spec["trainer"]["strategy"])
+        models.export_mlp(Path(tmp), context["model_config"], state, features=context["features"])
+        storage.upload_dir(Path(tmp), target)
+    return target
+
+
+def best_checkpoint(result: ray.train.Result, root: str) -> str | None:
+    scored = [(m["loss"], c) for c, m in result.best_checkpoints or [] if isinstance(m.get("loss"), int | float)]
+    return progress.checkpoint_uri(min(scored, key=lambda s: s[0])[1], root) if scored else None
+
+
+def train(doc: dict[str, Any], **options: Any) -> Outcome:
+    trainer, context = build_trainer(doc, **options)
+    result = trainer.fit()
+    root = context["storage_root"]
+    latest = progress.checkpoint_uri(result.checkpoint, root) if result.checkpoint else None
+    return Outcome(
+        run_name=run_name(doc),
+        storage_root=root,
+        latest=latest,
+        best=best_checkpoint(result, root),
+        model_uri=export(result, doc, context),
+        metrics=dict(result.metrics or {}),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rayship_workloads.train", description=__doc__)
+    parser.add_argument("--spec", required=True, help="TrainingJob as JSON, or a YAML/JSON file")
+    args = parser.parse_args(argv)
+    try:
+        doc = load_spec(args.spec)
+    except (SpecError, OSError, ValueError) as err:
+        print(f"error: invalid TrainingJob: {err}", file=sys.stderr)
+        return 1
+    trainingjob = os.environ.get(ENV_TRAININGJOB)
+    outcome = train(doc, trainingjob=trainingjob)
+    summary = {"latest": outcome.latest, "best": outcome.best, "model": outcome.model_uri}
+    print(f"[rayship] done: {json.dumps(summary)}", flush=True)
+    if trainingjob:
+        progress.TrainingJobStatus(trainingjob).patch({"checkpoint": {k: v for k, v in summary.items() if v}})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
