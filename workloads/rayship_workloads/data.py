@@ -14,7 +14,9 @@ import ray.data
 LABEL = "y"
 TEXT = "text"
 READERS = {"parquet": ray.data.read_parquet, "csv": ray.data.read_csv, "jsonl": ray.data.read_json}
-_WORDS = "the a ray cluster trains models on gpus while workers share gradients and checkpoints survive".split()
+_WORDS = (
+    "the a ray cluster trains models on gpus while workers share gradients and checkpoints survive".split()
+)
 
 
 def data_format(data: dict[str, Any]) -> str:
@@ -29,7 +31,9 @@ def synthetic_tabular(samples: int, features: int, seed: int) -> ray.data.Datase
     x = rng.normal(size=(samples, features)).astype(np.float32)
     w = rng.normal(size=features).astype(np.float32)
     y = x @ w + 0.5 * np.sin(x[:, 0]) + 0.05 * rng.normal(size=samples).astype(np.float32)
-    rows = [{**{f"x{j}": float(x[i, j]) for j in range(features)}, LABEL: float(y[i])} for i in range(samples)]
+    rows = [
+        {**{f"x{j}": float(x[i, j]) for j in range(features)}, LABEL: float(y[i])} for i in range(samples)
+    ]
     return ray.data.from_items(rows)
 
 
@@ -57,5 +61,7 @@ def feature_columns(dataset: ray.data.Dataset, config: dict[str, Any]) -> list[s
     label = config.get("label", LABEL)
     names = dataset.schema().names
     if label not in names:
-        raise ValueError(f"label column {label!r} not in the data (columns: {', '.join(names)}); set trainer.config.label")
+        raise ValueError(
+            f"label column {label!r} not in the data (columns: {', '.join(names)}); set trainer.config.label"
+        )
     return [c for c in names if c != label]

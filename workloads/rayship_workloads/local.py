@@ -75,7 +75,9 @@ def follow(metrics_path: Path, epochs: int, stop: threading.Event) -> None:
         for record in history[shown:]:
             loss = record["metrics"].get("loss")
             saved = f"  checkpoint {record['checkpoint']}" if record.get("checkpoint") else ""
-            print(f"epoch {record['epoch']}/{epochs}  step {record['step']}  loss {loss:.5f}{saved}", flush=True)
+            print(
+                f"epoch {record['epoch']}/{epochs}  step {record['step']}  loss {loss:.5f}{saved}", flush=True
+            )
         shown = len(history)
         if stop.is_set():
             return
@@ -111,11 +113,17 @@ def run(doc: dict[str, Any], *, runs_dir: Path = RUNS_DIR) -> dict[str, Any]:
     metrics_path = out / "metrics.json"
     metrics_path.unlink(missing_ok=True)
     stop = threading.Event()
-    follower = threading.Thread(target=follow, args=(metrics_path, local["spec"]["trainer"]["epochs"], stop), daemon=True)
+    follower = threading.Thread(
+        target=follow, args=(metrics_path, local["spec"]["trainer"]["epochs"], stop), daemon=True
+    )
     follower.start()
     try:
         outcome = train.train(
-            local, storage_override=str(out / "checkpoints"), metrics_path=str(metrics_path), quiet=True, echo=False
+            local,
+            storage_override=str(out / "checkpoints"),
+            metrics_path=str(metrics_path),
+            quiet=True,
+            echo=False,
         )
     finally:
         stop.set()

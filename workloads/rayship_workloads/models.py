@@ -45,7 +45,9 @@ def build_mlp(config: dict[str, Any]) -> MLP:
     return MLP(config["in_features"], list(config["hidden"]), config.get("out_features", 1))
 
 
-def export_mlp(directory: Path, config: dict[str, Any], state_dict: dict[str, torch.Tensor], **extra: Any) -> Path:
+def export_mlp(
+    directory: Path, config: dict[str, Any], state_dict: dict[str, torch.Tensor], **extra: Any
+) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, directory / WEIGHTS)
     write_manifest(directory, "mlp", config, **extra)

@@ -58,7 +58,12 @@ class TrainingJobStatus:
             )
             return True
         except (ApiException, HTTPError, OSError, kubernetes.config.ConfigException) as err:
-            log.warning("could not update TrainingJob %s/%s status (training goes on): %s", self.namespace, self.name, err)
+            log.warning(
+                "could not update TrainingJob %s/%s status (training goes on): %s",
+                self.namespace,
+                self.name,
+                err,
+            )
             return False
 
 
@@ -81,7 +86,9 @@ class ProgressCallback(ray.train.UserCallback):
         self._last_patch = 0.0
         self._last_checkpoint: str | None = None
 
-    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: ray.train.Checkpoint | None) -> None:
+    def after_report(
+        self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: ray.train.Checkpoint | None
+    ) -> None:
         record = summarize(metrics)
         if checkpoint is not None:
             self._last_checkpoint = checkpoint_uri(checkpoint, self.storage_root)
@@ -91,7 +98,10 @@ class ProgressCallback(ray.train.UserCallback):
             loss = record["metrics"].get("loss")
             shown = f" loss {loss:.5f}" if loss is not None else ""
             saved = f"  checkpoint {self._last_checkpoint}" if checkpoint is not None else ""
-            print(f"[rayship] epoch {record['epoch']}/{self.epochs} step {record['step']}{shown}{saved}", flush=True)
+            print(
+                f"[rayship] epoch {record['epoch']}/{self.epochs} step {record['step']}{shown}{saved}",
+                flush=True,
+            )
         if self.metrics_path:
             Path(self.metrics_path).write_text(json.dumps(self.history, indent=2))
         if self.status is not None:

@@ -49,7 +49,9 @@ def report(strategy: Strategy, *, epoch: int, step: int, metrics: dict[str, floa
         if save:
             strategy.save(Path(tmp))
             if rank == 0:
-                (Path(tmp) / STATE).write_text(json.dumps({"epoch": epoch, "step": step, "strategy": strategy.name}))
+                (Path(tmp) / STATE).write_text(
+                    json.dumps({"epoch": epoch, "step": step, "strategy": strategy.name})
+                )
             if any(Path(tmp).iterdir()):
                 checkpoint = ray.train.Checkpoint.from_directory(tmp)
         ray.train.report(
@@ -110,8 +112,12 @@ def resolve(trainer: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise ValueError(f"trainer.entrypoint {trainer['entrypoint']!r}: cannot import {module_name!r}: {err}") from None
+        raise ValueError(
+            f"trainer.entrypoint {trainer['entrypoint']!r}: cannot import {module_name!r}: {err}"
+        ) from None
     loop = getattr(module, attr, None)
     if not callable(loop):
-        raise ValueError(f"trainer.entrypoint {trainer['entrypoint']!r}: {module_name} has no function {attr!r}")
+        raise ValueError(
+            f"trainer.entrypoint {trainer['entrypoint']!r}: {module_name} has no function {attr!r}"
+        )
     return loop

@@ -93,8 +93,10 @@ class ServeArgs(BaseModel):
 
     @property
     def max_ongoing_requests(self) -> int:
-        """Per-replica concurrency: room for a full batch in flight and the next one filling."""
-        return max(2 * self.max_batch_size, math.ceil(self.target_ongoing_requests))
+        """Per-replica concurrency: room for a full batch in flight and the next one filling, and headroom
+        over the autoscaling target (at Ray's default of 5, excess requests back off in the proxy, which
+        cost an unbatched replica 5x its throughput in bench/serve_throughput.py)."""
+        return max(2 * self.max_batch_size, 2 * math.ceil(self.target_ongoing_requests))
 
 
 class BadRequest(Exception):

@@ -73,7 +73,10 @@ class DDPStrategy:
         import ray.train
 
         if ray.train.get_context().get_world_rank() == 0:
-            torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}, directory / DDP_STATE)
+            torch.save(
+                {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()},
+                directory / DDP_STATE,
+            )
 
     def load(self, directory: Path) -> None:
         state = torch.load(directory / DDP_STATE, map_location="cpu", weights_only=True)
@@ -91,7 +94,9 @@ class DeepSpeedStrategy:
         self.model, self.optimizer, _, _ = deepspeed.initialize(
             model=model, model_parameters=model.parameters(), config=config
         )
-        precision = config["bf16"]["enabled"] and torch.bfloat16 or config["fp16"]["enabled"] and torch.float16
+        precision = (
+            config["bf16"]["enabled"] and torch.bfloat16 or config["fp16"]["enabled"] and torch.float16
+        )
         self.dtype = precision or torch.float32
 
     def step(self, loss: torch.Tensor) -> None:

@@ -123,7 +123,9 @@ def export(result: ray.train.Result, doc: dict[str, Any], context: dict[str, Any
 
 
 def best_checkpoint(result: ray.train.Result, root: str) -> str | None:
-    scored = [(m["loss"], c) for c, m in result.best_checkpoints or [] if isinstance(m.get("loss"), int | float)]
+    scored = [
+        (m["loss"], c) for c, m in result.best_checkpoints or [] if isinstance(m.get("loss"), int | float)
+    ]
     return progress.checkpoint_uri(min(scored, key=lambda s: s[0])[1], root) if scored else None
 
 

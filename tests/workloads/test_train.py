@@ -1,0 +1,221 @@
+"""Ray Train on local Ray (CPU): DDP, DeepSpeed ZeRO, resume after failures, Ray Data, own loops.
+
+Each test is a real multi-worker TorchTrainer run (~20-30 s each on 2 cores).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from rayship_workloads import data, models, train
+from tests.conftest import ROOT, SAMPLES
+
+pytestmark = pytest.mark.workloads
+
+
+def spec(tmp_path: Path, **changes: Any) -> dict[str, Any]:
+    """The DDP sample on CPU with fast settings; `changes` are dotted spec paths."""
+    doc = yaml.safe_load((SAMPLES / "trainingjob-ddp.yaml").read_text())
+    s = doc["spec"]
+    s["workers"].update(gpusPerWorker=0, replicas=2)
+    s["trainer"].update(epochs=3, batchSizePerWorker=64, learningRate=0.01)
+    s["data"]["samples"] = 1024
+    for path, value in changes.items():
+        node = s
+        *parents, last = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return train.load_spec(json.dumps(doc))
+
+
+def checkpoints(outcome: train.Outcome) -> list[str]:
+    run_dir = Path(outcome.storage_root, outcome.run_name)
+    return sorted(p.name for p in run_dir.iterdir() if p.name.startswith("epoch-"))
+
+
+def losses(metrics_path: Path) -> list[float]:
+    return [r["metrics"]["loss"] for r in json.loads(metrics_path.read_text())]
+
+
+def assert_model_predicts(outcome: train.Outcome, in_features: int) -> None:
+    model, manifest = models.load_model(outcome.model_uri)
+    assert manifest["recipe"] == "mlp" and manifest["config"]["in_features"] == in_features
+    with torch.no_grad():
+        out = model(torch.zeros(3, in_features))
+    assert out.shape == (3, 1) and torch.isfinite(out).all()
+
+
+def test_ddp_two_workers_learns_and_keeps_checkpoints(ray_session, tmp_path: Path) -> None:
+    doc = spec(tmp_path, **{"trainer.epochs": 4, "checkpoint.keep": 2})
+    metrics = tmp_path / "metrics.json"
+    outcome = train.train(
+        doc, storage_override=str(tmp_path / "store"), metrics_path=str(metrics), echo=False
+    )
+    history = losses(metrics)
+    assert len(history) == 4 and history[-1] < 0.5 * history[0], history
+    assert checkpoints(outcome) == ["epoch-00003", "epoch-00004"]  # keep: 2
+    assert outcome.latest.endswith("epoch-00004") and outcome.best.endswith("epoch-00004")
+    assert_model_predicts(outcome, in_features=8)
+
+
+def test_worker_failure_resumes_from_latest_checkpoint(ray_session, tmp_path: Path) -> None:
+    doc = spec(
+        tmp_path,
+        **{
+            "trainer.recipe": None,
+            "trainer.entrypoint": "tests.workloads.loops:crash_once",
+            "trainer.epochs": 4,
+            "trainer.config": {"crash_marker": str(tmp_path / "crashed"), "crash_after_epoch": 2},
+            "failurePolicy.maxWorkerFailures": 1,
+        },
+    )
+    outcome = train.train(doc, storage_override=str(tmp_path / "store"), echo=False)
+    assert (tmp_path / "crashed").exists(), "the failure was not injected"
+    assert outcome.metrics["epoch"] == 4
+    assert outcome.metrics["resumed_from_epoch"] == 2  # restarted from epoch 2's checkpoint, not from scratch
+
+
+def test_second_process_with_same_run_name_resumes(ray_session, tmp_path: Path) -> None:
+    """A RayJob retry: a new driver process, the same storage and run name."""
+    import ray
+
+    store = tmp_path / "store"
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONPATH": str(ROOT)}
+    outputs = []
+    for epochs in (2, 3):
+        doc = spec(
+            tmp_path,
+            **{
+                "trainer.epochs": epochs,
+                "checkpoint.storage": {"pvc": {"claimName": "c", "mountPath": str(store)}},
+            },
+        )
+        spec_file = tmp_path / f"spec-{epochs}.yaml"
+        spec_file.write_text(yaml.safe_dump(doc))
+        proc = subprocess.run(
+            [sys.executable, "-m", "rayship_workloads.train", "--spec", str(spec_file)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outputs.append(proc.stdout)
+    done = json.loads(outputs[1].split("[rayship] done: ", 1)[1].splitlines()[0])
+    assert done["latest"].endswith("default.mlp-ddp/epoch-00003")
+    assert "epoch 3/3" in outputs[1] and "epoch 1/3" not in outputs[1]  # resumed: epochs 1-2 not redone
+
+
+def test_parquet_data_through_ray_data(ray_session, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 4, generator=rng)
+    y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0])
+    table = pa.table(
+        {
+            "a": x[:, 0].numpy(),
+            "b": x[:, 1].numpy(),
+            "c": x[:, 2].numpy(),
+            "d": x[:, 3].numpy(),
+            "target": y.numpy(),
+        }
+    )
+    pq.write_table(table, tmp_path / "train.parquet")
+    doc = spec(
+        tmp_path,
+        **{
+            "data": {"source": "uri", "uri": str(tmp_path / "train.parquet")},
+            "trainer.config": {"label": "target"},
+            "trainer.epochs": 3,
+            "workers.replicas": 1,
+        },
+    )
+    metrics = tmp_path / "metrics.json"
+    outcome = train.train(
+        doc, storage_override=str(tmp_path / "store"), metrics_path=str(metrics), echo=False
+    )
+    assert losses(metrics)[-1] < losses(metrics)[0]
+    _, manifest = models.load_model(outcome.model_uri)
+    assert manifest["features"] == ["a", "b", "c", "d"]
+    assert_model_predicts(outcome, in_features=4)
+
+
+def test_missing_label_column_is_explained(ray_session, tmp_path: Path) -> None:
+    (tmp_path / "train.csv").write_text("a,b\n1,2\n3,4\n")
+    doc = spec(tmp_path, **{"data": {"source": "uri", "uri": str(tmp_path / "train.csv")}})
+    with pytest.raises(
+        ValueError, match="label column 'y' not in the data .columns: a, b.; set trainer.config.label"
+    ):
+        train.build_trainer(doc, storage_override=str(tmp_path / "store"))
+
+
+def test_bring_your_own_entrypoint_gets_the_config(ray_session, tmp_path: Path) -> None:
+    doc = spec(
+        tmp_path, **{"trainer.entrypoint": "tests.workloads.loops:echo_config", "trainer.config": {"echo": 7}}
+    )
+    del doc["spec"]["trainer"]["recipe"]
+    outcome = train.train(doc, storage_override=str(tmp_path / "store"), echo=False)
+    assert outcome.metrics["echo"] == 7 and outcome.metrics["world_size"] == 2 and outcome.metrics["has_spec"]
+    assert outcome.model_uri is None  # rayship does not guess the format of a custom loop's checkpoints
+
+
+def test_unknown_entrypoint_is_explained(tmp_path: Path) -> None:
+    from rayship_workloads import recipes
+
+    with pytest.raises(ValueError, match="cannot import 'no_such_module'"):
+        recipes.resolve({"entrypoint": "no_such_module:loop"})
+    with pytest.raises(ValueError, match="has no function 'nope'"):
+        recipes.resolve({"entrypoint": "tests.workloads.loops:nope"})
+
+
+@pytest.mark.parametrize(
+    ("deepspeed", "precision"),
+    [({"zeroStage": 2}, "fp32"), ({"zeroStage": 3, "offloadOptimizer": True, "offloadParams": True}, "bf16")],
+    ids=["zero2", "zero3-offload-bf16"],
+)
+def test_deepspeed_zero(ray_session, tmp_path: Path, deepspeed: dict[str, Any], precision: str) -> None:
+    doc = spec(
+        tmp_path,
+        **{"trainer.strategy": "deepspeed", "trainer.deepspeed": {**deepspeed, "precision": precision}},
+    )
+    metrics = tmp_path / "metrics.json"
+    outcome = train.train(
+        doc, storage_override=str(tmp_path / "store"), metrics_path=str(metrics), echo=False
+    )
+    assert losses(metrics)[-1] < losses(metrics)[0]
+    latest = Path(outcome.latest)
+    assert (latest / "ds" / "mp_rank_00_model_states.pt").is_file() or any(latest.glob("ds/*model_states.pt"))
+    assert_model_predicts(outcome, in_features=8)  # consolidated from the ZeRO shards
+
+
+def test_synthetic_data_is_seeded(ray_session) -> None:
+    a = data.synthetic_tabular(16, 3, seed=1).take_all()
+    b = data.synthetic_tabular(16, 3, seed=1).take_all()
+    c = data.synthetic_tabular(16, 3, seed=2).take_all()
+    assert a == b and a != c and set(a[0]) == {"x0", "x1", "x2", "y"}
+
+
+def test_local_scale_down_is_said_in_one_line() -> None:
+    from rayship_workloads.local import localize
+
+    doc = {"spec": {"workers": {"replicas": 8, "gpusPerWorker": 2}}}
+    local, notice = localize(copy.deepcopy(doc), cores=2, has_gpu=False)
+    assert local["spec"]["workers"] == {"replicas": 2, "gpusPerWorker": 0}
+    assert (
+        notice
+        == "local run: 8 workers x 2 GPU requested -> 2 CPU workers (no GPU here: training on CPU; capped to 2 workers (local cores))"
+    )
+    assert "\n" not in notice
