@@ -57,6 +57,9 @@ def sync(namespace: str, name: str, config: OperatorConfig) -> None:
         rayjob = k8s.get_rayjob(namespace, names.rayjob_name(name))
         todo = plan(trainingjob, rayjob, config)
         if todo.create is not None:
+            for prerequisite in todo.prerequisites:
+                kopf.adopt(prerequisite, owner=trainingjob)
+                k8s.ensure(prerequisite)
             kopf.adopt(todo.create, owner=trainingjob)
             rayjob = k8s.create_rayjob(todo.create)
             kopf.info(trainingjob, reason="RayJobCreated", message=f"created RayJob {todo.rayjob_name}")

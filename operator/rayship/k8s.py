@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import kubernetes
+import kubernetes.utils
 from kubernetes.client.exceptions import ApiException
 
 from rayship import api
@@ -64,6 +65,15 @@ def create_rayjob(body: Mapping[str, Any]) -> dict[str, Any]:
     if existing is None:
         raise Conflict(f"RayJob {namespace}/{name} was reported to exist but is gone")
     return existing
+
+
+def ensure(body: Mapping[str, Any]) -> None:
+    """Create a core/RBAC object (ServiceAccount, Role, RoleBinding...) unless it already exists."""
+    try:
+        kubernetes.utils.create_from_dict(kubernetes.client.ApiClient(), dict(body))
+    except kubernetes.utils.FailToCreateError as err:
+        if any(e.status != 409 for e in err.api_exceptions):
+            raise
 
 
 def patch_rayjob(namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:

@@ -41,6 +41,11 @@ def rayjob_name(trainingjob_name: str) -> str:
     return dns1035_name(trainingjob_name, MAX_RAYJOB_NAME)
 
 
+def workload_account(trainingjob_name: str) -> str:
+    """ServiceAccount (and Role, RoleBinding) the Ray pods of one TrainingJob run as."""
+    return dns1035_name(f"{trainingjob_name}-workload", 63)
+
+
 def labels(kind: str, name: str, component: str) -> dict[str, str]:
     """Labels on every object rayship renders for the custom resource `kind/name`."""
     return {

@@ -26,6 +26,7 @@ class Plan:
     create: dict[str, Any] | None  # the RayJob to create (not yet adopted)
     rayjob_patch: dict[str, Any] | None  # a merge patch for the existing RayJob
     observation: Observation  # for status.derive(), once `rayjob` is filled in with the result
+    prerequisites: tuple[dict[str, Any], ...] = ()  # created (if absent) before the RayJob
 
 
 def spec_edits(applied: Any, desired: Any, prefix: str = "") -> list[str]:
@@ -58,7 +59,8 @@ def plan(trainingjob: Mapping[str, Any], rayjob: Mapping[str, Any] | None, confi
     if rayjob is None:
         if current.get("phase") in TERMINAL_PHASES:
             return Plan(rayjob_name, None, None, observed)  # finished: never start it again
-        return Plan(rayjob_name, render.build_rayjob(tj, config), None, observed)
+        *rbac, rayjob = render.render_trainingjob(tj, config)
+        return Plan(rayjob_name, rayjob, None, observed, prerequisites=tuple(rbac))
 
     launched = applied_spec(rayjob)
     wanted = tj.spec.wire()

@@ -136,6 +136,7 @@ def _pod_template(
         pod["tolerations"] = tolerations
     if tj.spec.scheduling.priority_class_name:
         pod["priorityClassName"] = tj.spec.scheduling.priority_class_name
+    pod["serviceAccountName"] = names.workload_account(tj.metadata.name)  # reports progress
     return {"metadata": {"labels": dict(labels)}, "spec": pod}
 
 
@@ -245,9 +246,44 @@ def _submitter_template(tj: api.TrainingJob, config: OperatorConfig, labels: dic
     return {"metadata": {"labels": dict(labels)}, "spec": pod}
 
 
+def build_workload_rbac(tj: api.TrainingJob) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding for the Ray pods: they may read and patch the status of
+    their own TrainingJob (progress reporting) and nothing else."""
+    name = names.workload_account(tj.metadata.name)
+    metadata: dict[str, Any] = {"name": name}
+    if tj.metadata.namespace:
+        metadata["namespace"] = tj.metadata.namespace
+    metadata["labels"] = names.labels("TrainingJob", tj.metadata.name, "workload-rbac")
+    subject: dict[str, Any] = {"kind": "ServiceAccount", "name": name}
+    if tj.metadata.namespace:
+        subject["namespace"] = tj.metadata.namespace
+    rule = {
+        "apiGroups": [api.GROUP],
+        "resources": ["trainingjobs/status"],
+        "resourceNames": [tj.metadata.name],
+        "verbs": ["get", "patch"],
+    }
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(metadata)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": dict(metadata),
+            "rules": [rule],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": dict(metadata),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [subject],
+        },
+    ]
+
+
 def render_trainingjob(tj: api.TrainingJob, config: OperatorConfig) -> list[dict[str, Any]]:
     """Every object the operator creates for a TrainingJob, in creation order."""
-    return [build_rayjob(tj, config)]
+    return [*build_workload_rbac(tj), build_rayjob(tj, config)]
 
 
 def total_gpus(tj: api.TrainingJob) -> int:

@@ -26,6 +26,11 @@ RESOURCES: dict[str, Resource] = {
     "modelservices": Resource("rayship.dev", "v1alpha1", "modelservices", "ModelService"),
     "rayjobs": Resource("ray.io", "v1", "rayjobs", "RayJob"),
     "rayservices": Resource("ray.io", "v1", "rayservices", "RayService"),
+    "serviceaccounts": Resource("", "v1", "serviceaccounts", "ServiceAccount", status_subresource=False),
+    "roles": Resource("rbac.authorization.k8s.io", "v1", "roles", "Role", status_subresource=False),
+    "rolebindings": Resource(
+        "rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", status_subresource=False
+    ),
 }
 
 _NAMESPACE_OPTIONS = ("-n", "--namespace", "-A", "--all-namespaces")

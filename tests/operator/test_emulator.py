@@ -375,9 +375,10 @@ def test_discovery_serves_what_kopf_and_the_client_need(
     assert kubernetes.client.CoreApi(kube_api).get_api_versions().versions == ["v1"]
     assert kubernetes.client.VersionApi(kube_api).get_code().major == "1"
     groups = {group.name for group in kubernetes.client.ApisApi(kube_api).get_api_versions().groups}
-    assert groups == {"rayship.dev", "ray.io", "events.k8s.io"}
+    assert groups == {"rayship.dev", "ray.io", "events.k8s.io", "rbac.authorization.k8s.io"}
     core = {res.name: res for res in CoreV1Api(kube_api).get_api_resources().resources}
-    assert set(core) == {"namespaces", "events", "configmaps"} and not core["namespaces"].namespaced
+    assert set(core) == {"namespaces", "events", "configmaps", "serviceaccounts"}
+    assert not core["namespaces"].namespaced
     rayship = {res.name: res.kind for res in custom.get_api_resources("rayship.dev", "v1alpha1").resources}
     assert rayship == {
         "trainingjobs": "TrainingJob",

@@ -78,6 +78,12 @@ def test_round_trip_create_run_succeed_delete(emulator, kube_api, run_kopf) -> N
         assert owner["controller"] is True and owner["blockOwnerDeletion"] is True
         assert rayjob["metadata"]["labels"]["rayship.dev/trainingjob"] == "mlp-ddp"
         assert rayjob["spec"]["entrypoint"].startswith("python -m rayship_workloads.train --spec ")
+        # The Ray pods' own account may patch this TrainingJob's status (progress), nothing else.
+        for kind in ("serviceaccounts", "roles", "rolebindings"):
+            obj = emulator.get(RESOURCES[kind], NS, "mlp-ddp-workload")
+            assert obj["metadata"]["ownerReferences"][0]["uid"] == created["metadata"]["uid"], kind
+        role = emulator.get(RESOURCES["roles"], NS, "mlp-ddp-workload")
+        assert role["rules"][0]["resourceNames"] == ["mlp-ddp"]
 
         status = wait_phase(emulator, "Pending")
         assert status["gpus"] == 2 and status["rayJobName"] == "mlp-ddp" and status["observedGeneration"] == 1
@@ -135,6 +141,7 @@ def test_round_trip_create_run_succeed_delete(emulator, kube_api, run_kopf) -> N
 
         emulator.delete(TJ, NS, "mlp-ddp")
         emulator.wait_for(lambda: emulator.get(RJ, NS, "mlp-ddp") is None)
+        assert emulator.get(RESOURCES["roles"], NS, "mlp-ddp-workload") is None
     assert requests(emulator, "create", "rayjobs") == 1
 
 

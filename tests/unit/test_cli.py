@@ -28,10 +28,11 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 def test_render_yaml_and_json_agree(capsys) -> None:
     code, out, _ = run(capsys, "render", "-f", str(SAMPLE))
     assert code == 0
-    (as_yaml,) = list(yaml.safe_load_all(out))
+    as_yaml = list(yaml.safe_load_all(out))
     code, out, _ = run(capsys, "render", "-f", str(SAMPLE), "-o", "json")
-    assert code == 0 and json.loads(out) == as_yaml
-    assert as_yaml["kind"] == "RayJob" and as_yaml["metadata"]["name"] == "mlp-ddp"
+    assert code == 0 and json.loads(out) == {"apiVersion": "v1", "kind": "List", "items": as_yaml}
+    assert [o["kind"] for o in as_yaml] == ["ServiceAccount", "Role", "RoleBinding", "RayJob"]
+    assert as_yaml[-1]["metadata"]["name"] == "mlp-ddp"
 
 
 def test_render_multi_document_file(tmp_path: Path, capsys) -> None:
@@ -42,7 +43,8 @@ def test_render_multi_document_file(tmp_path: Path, capsys) -> None:
     path.write_text(yaml.safe_dump_all([doc, other]))
     code, out, _ = run(capsys, "render", "-f", str(path), "-o", "json")
     assert code == 0
-    assert [o["metadata"]["name"] for o in json.loads(out)["items"]] == ["mlp-ddp", "second"]
+    rayjobs = [o["metadata"]["name"] for o in json.loads(out)["items"] if o["kind"] == "RayJob"]
+    assert rayjobs == ["mlp-ddp", "second"]
 
 
 @pytest.mark.parametrize(("case", "mutate", "field"), SPEC_CASES, ids=[c[0] for c in SPEC_CASES])

@@ -27,8 +27,12 @@ def load(path: Path) -> dict:
     return yaml.safe_load(path.read_text())
 
 
+def rendered_all(path: Path, config: OperatorConfig = CONFIG) -> list[dict]:
+    return render.render_trainingjob(parse_trainingjob(load(path)), config)
+
+
 def rendered(path: Path, config: OperatorConfig = CONFIG) -> dict:
-    (rayjob,) = render.render_trainingjob(parse_trainingjob(load(path)), config)
+    (rayjob,) = [o for o in rendered_all(path, config) if o["kind"] == "RayJob"]
     return rayjob
 
 
@@ -47,7 +51,7 @@ def worker_group(rayjob: dict) -> dict:
 @pytest.mark.parametrize("spec", SPECS, ids=lambda p: p.stem)
 def test_matches_golden(spec: Path) -> None:
     golden = GOLDEN / f"{spec.stem}.rayjob.yaml"
-    text = yaml.safe_dump(rendered(spec), sort_keys=False, width=120)
+    text = yaml.safe_dump_all(rendered_all(spec), sort_keys=False, width=120)
     if os.environ.get("RAYSHIP_UPDATE_GOLDEN"):
         golden.write_text(text)
     assert golden.exists(), f"no golden file; run with RAYSHIP_UPDATE_GOLDEN=1 to create {golden.name}"
@@ -192,6 +196,36 @@ def test_entrypoint_carries_the_resolved_trainingjob(spec: Path) -> None:
     assert handed.spec.image == (doc.spec.image or CONFIG.default_image)
     assert handed.spec.ray_version == CONFIG.default_ray_version
     assert handed.spec.trainer == doc.spec.trainer and handed.spec.checkpoint == doc.spec.checkpoint
+
+
+def test_workload_rbac_is_least_privilege_and_used_by_the_ray_pods() -> None:
+    objects = rendered_all(SAMPLES / "trainingjob-ddp.yaml")
+    assert [o["kind"] for o in objects] == ["ServiceAccount", "Role", "RoleBinding", "RayJob"]
+    account, role, binding, rayjob = objects
+    assert (
+        account["metadata"]["name"]
+        == role["metadata"]["name"]
+        == binding["metadata"]["name"]
+        == "mlp-ddp-workload"
+    )
+    assert role["rules"] == [
+        {
+            "apiGroups": ["rayship.dev"],
+            "resources": ["trainingjobs/status"],
+            "resourceNames": ["mlp-ddp"],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "mlp-ddp-workload",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "mlp-ddp-workload", "namespace": "default"}
+    ]
+    assert all(p["serviceAccountName"] == "mlp-ddp-workload" for p in pods(rayjob))
+    assert "serviceAccountName" not in rayjob["spec"]["submitterPodTemplate"]["spec"]
 
 
 def test_long_names_are_truncated_stably_and_distinctly() -> None:
