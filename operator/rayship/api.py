@@ -312,6 +312,55 @@ class SchedulingSpec(ApiModel):
     )
 
 
+TUNABLE_FIELDS = ("learningRate", "batchSizePerWorker", "epochs")
+
+
+class SearchDimension(ApiModel):
+    """One dimension of the search space."""
+
+    cel_rules: ClassVar = (
+        CelRule(
+            "self.distribution == 'choice' ? (has(self.values) && size(self.values) > 0) "
+            ": (has(self.low) && has(self.high) && self.low < self.high)",
+            "choice needs a non-empty values list; loguniform, uniform and randint need low < high",
+        ),
+        CelRule(
+            "self.distribution != 'loguniform' || (has(self.low) && self.low > 0.0)",
+            "loguniform needs low > 0",
+        ),
+    )
+    distribution: Literal["loguniform", "uniform", "choice", "randint"] = Field(
+        ...,
+        description="loguniform/uniform (floats in [low, high)), randint (integers in [low, high)), choice.",
+    )
+    low: float | None = Field(None, description="Lower bound (loguniform, uniform, randint).")
+    high: float | None = Field(None, description="Upper bound, exclusive (loguniform, uniform, randint).")
+    values: list[Any] | None = Field(None, max_length=256, description="Candidates (choice).")
+
+
+class TuningSpec(ApiModel):
+    """Hyperparameter search with Ray Tune: each trial is a full Ray Train run."""
+
+    cel_rules: ClassVar = (
+        CelRule(
+            "self.searchSpace.all(k, k in " + str(list(TUNABLE_FIELDS)) + " || k.startsWith('config.'))",
+            "searchSpace keys must be learningRate, batchSizePerWorker, epochs or config.<key>",
+        ),
+    )
+    num_samples: int = Field(4, ge=1, le=1000, description="Number of trials.")
+    metric: str = Field("loss", min_length=1, description="Reported metric to optimize.")
+    mode: Literal["min", "max"] = Field("min", description="Minimize or maximize the metric.")
+    scheduler: Literal["fifo", "asha"] = Field(
+        "asha", description="asha stops poor trials early (by epoch); fifo runs every trial to the end."
+    )
+    max_concurrent_trials: int = Field(
+        1, ge=1, le=256, description="Trials running at once (each takes the worker group)."
+    )
+    search_space: dict[str, SearchDimension] = Field(
+        ..., min_length=1, max_length=32, description="Trainer fields or config.<key> to search over."
+    )
+
+
 class TrainingJobSpec(ApiModel):
     """Desired state of a distributed training job on a Ray cluster."""
 
@@ -344,6 +393,9 @@ class TrainingJobSpec(ApiModel):
     )
     suspend: bool = Field(False, description="Suspend: delete the Ray cluster (can be resumed).")
     scheduling: SchedulingSpec = sub(SchedulingSpec, "Queue and priority.")
+    tuning: TuningSpec | None = Field(
+        None, description="Hyperparameter search (Ray Tune) instead of one run."
+    )
     env: list[EnvVar] = Field(
         default_factory=list, max_length=64, description="Environment for every Ray container."
     )
@@ -385,6 +437,15 @@ class CheckpointStatus(ApiModel):
     model: str | None = Field(None, description="URI of the exported model in the serving layout.")
 
 
+class TuningStatus(ApiModel):
+    """The result of a hyperparameter search."""
+
+    trials: int | None = Field(None, ge=0, description="Trials run.")
+    best_trial: str | None = Field(None, description="Id of the best trial.")
+    best_metric: float | None = Field(None, description="Its metric value.")
+    best_config: dict[str, Any] = Field(default_factory=dict, description="Its hyperparameters.")
+
+
 class TrainingJobStatus(ApiModel):
     """Observed state, mirrored from the RayJob by the operator."""
 
@@ -402,6 +463,7 @@ class TrainingJobStatus(ApiModel):
     gpu_seconds: float | None = Field(None, ge=0, description="GPU-seconds consumed by the Ray job so far.")
     progress: ProgressStatus | None = Field(None, description="Training progress.")
     checkpoint: CheckpointStatus | None = Field(None, description="Checkpoints and exported model.")
+    tuning: TuningStatus | None = Field(None, description="Hyperparameter search result.")
     observed_generation: int | None = Field(None, ge=0, description="Generation the status reflects.")
 
 

@@ -81,6 +81,8 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], rules: dict[str, tuple[
         out["items"] = _convert(node["items"], defs, rules)
     if "enum" in out and "type" not in out:
         out["type"] = "integer" if all(isinstance(v, int) for v in out["enum"]) else "string"
+    if "type" not in out:  # Any: a JSON value of any type
+        out["x-kubernetes-preserve-unknown-fields"] = True
     return out
 
 

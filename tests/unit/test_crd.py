@@ -53,7 +53,10 @@ def test_structural_schema(crd) -> None:
     for path, node in walk(root):
         if path == ".metadata":
             continue
-        assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{path}: no type"
+        untyped_ok = node.get("x-kubernetes-int-or-string") or node.get(
+            "x-kubernetes-preserve-unknown-fields"
+        )
+        assert "type" in node or untyped_ok, f"{path}: no type"
         assert not ("properties" in node and "additionalProperties" in node), (
             f"{path}: both properties and additionalProperties"
         )

@@ -1,6 +1,6 @@
 """Local Ray for the workload tests: one CPU-only Ray instance per test session.
 
-Ray runs with token auth disabled (Ray 2.60 enables it by default), no usage stats, no dashboard,
+Ray runs with token auth disabled (Ray 2.60 enables it by default), no usage stats, the dashboard,
 a small object store, and HOME/TMPDIR in a short private directory (Ray's socket paths are limited).
 """
 
@@ -36,7 +36,9 @@ def ray_session() -> Iterator[None]:
     ray.init(
         address="local",
         num_cpus=LOGICAL_CPUS,
-        include_dashboard=False,
+        # The dashboard's State API is what Ray Train V2's placement-group cleaner asks whether a
+        # training run's controller is alive: without it, runs stopped early (ASHA) keep their CPUs.
+        include_dashboard=True,
         object_store_memory=256 * 1024 * 1024,
         log_to_driver=True,
     )

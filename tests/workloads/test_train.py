@@ -164,9 +164,13 @@ def test_missing_label_column_is_explained(ray_session, tmp_path: Path) -> None:
 
 def test_bring_your_own_entrypoint_gets_the_config(ray_session, tmp_path: Path) -> None:
     doc = spec(
-        tmp_path, **{"trainer.entrypoint": "tests.workloads.loops:echo_config", "trainer.config": {"echo": 7}}
+        tmp_path,
+        **{
+            "trainer.recipe": None,
+            "trainer.entrypoint": "tests.workloads.loops:echo_config",
+            "trainer.config": {"echo": 7},
+        },
     )
-    del doc["spec"]["trainer"]["recipe"]
     outcome = train.train(doc, storage_override=str(tmp_path / "store"), echo=False)
     assert outcome.metrics["echo"] == 7 and outcome.metrics["world_size"] == 2 and outcome.metrics["has_spec"]
     assert outcome.model_uri is None  # rayship does not guess the format of a custom loop's checkpoints
@@ -219,3 +223,33 @@ def test_local_scale_down_is_said_in_one_line() -> None:
         == "local run: 8 workers x 2 GPU requested -> 2 CPU workers (no GPU here: training on CPU; capped to 2 workers (local cores))"
     )
     assert "\n" not in notice
+
+
+def test_tuning_with_asha_reports_the_best_trial(ray_session, tmp_path: Path) -> None:
+    from rayship_workloads import tune
+
+    doc = spec(
+        tmp_path,
+        **{
+            "trainer.epochs": 3,
+            "workers.replicas": 1,
+            "data.samples": 512,
+            "tuning": {
+                "numSamples": 4,
+                "scheduler": "asha",
+                "searchSpace": {
+                    "learningRate": {"distribution": "loguniform", "low": 1e-4, "high": 3e-2},
+                    "config.hidden": {"distribution": "choice", "values": [[16], [32, 32]]},
+                },
+            },
+        },
+    )
+    found = tune.search(doc, storage_override=str(tmp_path / "store"))
+    assert found.trials == 4
+    assert 1e-4 <= found.best_config["learningRate"] < 3e-2 and found.best_config["config.hidden"] in (
+        [16],
+        [32, 32],
+    )
+    assert found.best_metric > 0 and found.best_checkpoint and found.model_uri
+    _, manifest = models.load_model(found.model_uri)
+    assert manifest["config"]["hidden"] == found.best_config["config.hidden"]  # the best trial's model

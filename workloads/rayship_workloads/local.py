@@ -55,7 +55,7 @@ def init_ray(workers: int) -> None:
         ray.init(
             address="local",
             num_cpus=max(os.cpu_count() or 1, workers + 2),
-            include_dashboard=False,
+            include_dashboard=True,  # Ray Train V2 frees stopped runs' workers through its State API
             object_store_memory=256 * 1024 * 1024,
             logging_level="WARNING",
             log_to_driver=False,  # Ray's own chatter; progress is followed from metrics.json instead

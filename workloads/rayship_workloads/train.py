@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,8 @@ def build_trainer(
     trainingjob: str | None = None,
     echo: bool = True,
     quiet: bool = False,
+    name: str | None = None,
+    extra_callbacks: Sequence[ray.train.UserCallback] = (),
 ) -> tuple[TorchTrainer, dict[str, Any]]:
     """The TorchTrainer for a resolved TrainingJob, and the context the export step needs."""
     spec = doc["spec"]
@@ -88,7 +91,7 @@ def build_trainer(
             num_workers=workers["replicas"], use_gpu=gpus > 0, resources_per_worker=resources
         ),
         run_config=ray.train.RunConfig(
-            name=run_name(doc),
+            name=name or run_name(doc),
             storage_path=root,
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=spec["checkpoint"]["keep"]),
             failure_config=ray.train.FailureConfig(max_failures=spec["failurePolicy"]["maxWorkerFailures"]),
@@ -100,22 +103,25 @@ def build_trainer(
                     metrics_path=metrics_path,
                     trainingjob=trainingjob,
                     echo=echo,
-                )
+                ),
+                *extra_callbacks,
             ],
         ),
         datasets={"train": dataset},
     )
-    return trainer, {**context, "storage_root": root}
+    return trainer, {**context, "storage_root": root, "run_name": name or run_name(doc)}
 
 
-def export(result: ray.train.Result, doc: dict[str, Any], context: dict[str, Any]) -> str | None:
-    """Write the final model in the serving layout next to the checkpoints; its URI (None for
-    bring-your-own loops, whose checkpoint format rayship does not know)."""
+def export(
+    checkpoint: ray.train.Checkpoint | None, doc: dict[str, Any], context: dict[str, Any]
+) -> str | None:
+    """Write the model of `checkpoint` in the serving layout next to the checkpoints; its URI (None
+    for bring-your-own loops, whose checkpoint format rayship does not know)."""
     spec = doc["spec"]
-    if result.checkpoint is None or spec["trainer"].get("recipe") != "mlp":
+    if checkpoint is None or spec["trainer"].get("recipe") != "mlp":
         return None
-    target = storage.join(context["storage_root"], run_name(doc), "model")
-    with result.checkpoint.as_directory() as directory, tempfile.TemporaryDirectory() as tmp:
+    target = storage.join(context["storage_root"], context["run_name"], "model")
+    with checkpoint.as_directory() as directory, tempfile.TemporaryDirectory() as tmp:
         state = strategies.full_state_dict(Path(directory), spec["trainer"]["strategy"])
         models.export_mlp(Path(tmp), context["model_config"], state, features=context["features"])
         storage.upload_dir(Path(tmp), target)
@@ -139,7 +145,7 @@ def train(doc: dict[str, Any], **options: Any) -> Outcome:
         storage_root=root,
         latest=latest,
         best=best_checkpoint(result, root),
-        model_uri=export(result, doc, context),
+        model_uri=export(result.checkpoint, doc, context),
         metrics=dict(result.metrics or {}),
     )
 
@@ -154,11 +160,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: invalid TrainingJob: {err}", file=sys.stderr)
         return 1
     trainingjob = os.environ.get(ENV_TRAININGJOB)
-    outcome = train(doc, trainingjob=trainingjob)
-    summary = {"latest": outcome.latest, "best": outcome.best, "model": outcome.model_uri}
-    print(f"[rayship] done: {json.dumps(summary)}", flush=True)
+    status: dict[str, Any] = {}
+    if doc["spec"].get("tuning"):
+        from rayship_workloads import tune
+
+        found = tune.search(doc)
+        summary = {"best": found.best_checkpoint, "model": found.model_uri}
+        status["tuning"] = {
+            "trials": found.trials,
+            "bestTrial": found.best_trial,
+            "bestMetric": found.best_metric,
+            "bestConfig": found.best_config,
+        }
+    else:
+        outcome = train(doc, trainingjob=trainingjob)
+        summary = {"latest": outcome.latest, "best": outcome.best, "model": outcome.model_uri}
+    print(f"[rayship] done: {json.dumps({**summary, **status})}", flush=True)
     if trainingjob:
-        progress.TrainingJobStatus(trainingjob).patch({"checkpoint": {k: v for k, v in summary.items() if v}})
+        status["checkpoint"] = {k: v for k, v in summary.items() if v}
+        progress.TrainingJobStatus(trainingjob).patch(status)
     return 0
 
 

@@ -1,0 +1,417 @@
+"""Training overhead: the Ray Train DDP path (the product) vs a plain PyTorch loop, per core used.
+
+    flock /tmp/rayship-ray.lock .venv/bin/python bench/train_overhead.py [--epochs 5] [--samples 8192] [--batch 64]
+
+Question: how much throughput does running the built-in `mlp` recipe through Ray Train (DDP, Ray Data
+shards, a report + checkpoint every epoch) cost compared with plain PyTorch on the same rows, per core?
+Goal (from the issue): Ray Train samples/s per core >= 0.8x the plain loop's samples/s.
+
+Both sides train the same thing: the demo MLP (in_features=8, hidden=[64, 64]) on
+`synthetic_tabular(--samples, 8, seed=0)`, batch size --batch per worker, --epochs epochs, AdamW lr 0.01,
+float32, CPU.
+
+  baseline  One process, torch.set_num_threads(1), no Ray. The same rows (materialized once from the same
+            Ray Dataset with `to_pandas()`, before Ray is shut down) as one float32 tensor, sliced into
+            batches in order: forward, MSE, backward, AdamW step, loss.item(). Every epoch is timed.
+  Ray Train The product path unchanged: the sample TrainingJob (manifests/samples/trainingjob-ddp.yaml,
+            gpusPerWorker 0) with workers.replicas = 1, then 2, through
+            `rayship_workloads.train.train(doc, storage_override=<fresh dir>, metrics_path=...)`
+            on a local Ray started once (4 logical CPUs; each worker reserves 1 CPU, Ray runs it with
+            one torch thread). Every run gets its own storage directory, so nothing is resumed.
+
+Two figures per configuration (samples = rows processed by all workers together):
+
+  end-to-end  epochs x samples / wall time. Ray: the whole `train.train()` call (dataset creation,
+              controller + worker group startup, DDP process group, every epoch with its report and
+              checkpoint, and the model export); `ray.init` is excluded (a cluster is already up in
+              production). Baseline: all epochs.
+  steady      Ray: the product records nothing but epoch/step/loss, and this benchmark changes nothing in
+              the product; so a thread in the driver polls metrics.json (every 10 ms) and stamps each new
+              record on arrival. steady = (epochs - 1) x samples / (time of last record - time of first
+              record): the epochs after the first, with their reports and checkpoints, without startup.
+              Baseline: the same epochs (all but the first, the warm-up).
+
+Diagnostic rows ("poll 0.05 s", skip with --diagnostic-poll 0): the same Ray runs again in a second Ray
+session started with RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=0.05. Ray Train's controller collects reports by
+polling the workers every 2 s by default and `ray.train.report` blocks while the previous report is
+uncollected, so with short epochs the default rows measure that poll; the diagnostic rows show the cost
+of the rest of the path (Ray Data batches, DDP, per-epoch report + checkpoint). Not the product's default.
+
+ratio per core = (samples/s steady / cores used) / (baseline samples/s steady / 1), cores used = the CPUs
+the workers reserve (1 per worker). "cores busy" is measured: CPU seconds used by this process and every
+process Ray started (psutil over the process tree: GCS, raylet, controller, workers, Ray Data) during the
+steady window, divided by its wall time; it shows what the reserved-cores figure leaves out.
+
+Prints tables; never fails on the goal. Takes about 90 s with the defaults (plus any wait for the lock). Ray is stopped and
+the temporary directory removed on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_TMP = tempfile.mkdtemp(prefix="rb-", dir="/tmp")  # short: Ray's socket paths are limited
+os.environ.update(
+    {
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "HOME": _TMP,
+        "TMPDIR": _TMP,
+        "RAY_DEDUP_LOGS": "0",
+    }
+)
+
+import psutil  # noqa: E402
+import ray  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402, N812
+import yaml  # noqa: E402
+
+from rayship_workloads import data, models, recipes, train  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "manifests" / "samples" / "trainingjob-ddp.yaml"
+FEATURES, HIDDEN, SEED, LR = 8, [64, 64], 0, 0.01
+GOAL = 0.8
+POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"  # read by the Ray Train controller actor at startup
+
+
+@dataclass
+class Measurement:
+    name: str
+    workers: int
+    cores: int
+    steady: float  # samples/s over the epochs after the first
+    end_to_end: float  # samples/s over the whole run
+    wall_s: float
+    first_epoch_s: float  # from the start to the end of epoch 1 (Ray: arrival of its record)
+    epoch_s: float  # mean seconds per epoch in the steady window
+    busy_cores: float
+    loss: float | None
+
+
+class ReportClock(threading.Thread):
+    """Stamps every record the progress callback appends to metrics.json with its arrival time and the
+    CPU seconds used so far by this process and all its descendants (the local Ray cluster)."""
+
+    def __init__(self, path: Path, interval_s: float = 0.01):
+        super().__init__(daemon=True)
+        self.path, self.interval_s = path, interval_s
+        self.stamps: list[tuple[float, float]] = []  # (perf_counter, CPU seconds), one per record
+        self._done = threading.Event()
+        self._seen: tuple[int, int] | None = None
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            self.poll()
+            time.sleep(self.interval_s)
+        self.poll()
+
+    def poll(self) -> None:
+        try:
+            stat = self.path.stat()
+            key = (stat.st_mtime_ns, stat.st_size)
+            if key == self._seen:
+                return
+            records = json.loads(self.path.read_text())
+        except (OSError, ValueError):  # not written yet, or caught mid-write: next poll
+            return
+        now, cpu = time.perf_counter(), tree_cpu_seconds()
+        self._seen = key
+        while len(self.stamps) < len(records):
+            self.stamps.append((now, cpu))
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+
+def tree_cpu_seconds() -> float:
+    """User + system CPU seconds of this process and every live descendant."""
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:  # exited meanwhile
+            continue
+        total += times.user + times.system
+    return total
+
+
+def trainingjob(workers: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The sample TrainingJob on CPU with this benchmark's sizes; validated and resolved."""
+    doc = yaml.safe_load(SAMPLE.read_text())
+    spec = doc["spec"]
+    spec["trainer"].update(
+        epochs=args.epochs,
+        batchSizePerWorker=args.batch,
+        learningRate=LR,
+        config={"seed": SEED, "features": FEATURES, "hidden": HIDDEN},
+    )
+    spec["data"] = {"source": "synthetic", "samples": args.samples}
+    spec["workers"].update(replicas=workers, gpusPerWorker=0, cpusPerWorker=1)
+    return train.load_spec(json.dumps(doc))
+
+
+def materialize(samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows the Ray runs train on, from the same Ray Dataset, as (x [n, 8], y [n, 1])."""
+    frame = data.synthetic_tabular(samples, FEATURES, SEED).to_pandas()
+    columns = [f"x{j}" for j in range(FEATURES)]
+    x = torch.from_numpy(frame[columns].to_numpy(dtype="float32"))
+    y = torch.from_numpy(frame[data.LABEL].to_numpy(dtype="float32")).unsqueeze(1)
+    return x, y
+
+
+def baseline(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace) -> Measurement:
+    """Plain PyTorch, one process, one thread: the same model, optimizer, batches and epochs."""
+    torch.set_num_threads(1)
+    torch.manual_seed(SEED)
+    model = models.build_mlp(recipes.mlp_config(FEATURES, {"hidden": HIDDEN}))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    n = x.shape[0]
+    ends: list[float] = []
+    loss_mean = 0.0
+    cpu0, start = time.process_time(), time.perf_counter()
+    cpu1 = cpu0
+    for epoch in range(args.epochs):
+        total, batches = 0.0, 0
+        for i in range(0, n, args.batch):
+            loss = F.mse_loss(model(x[i : i + args.batch]), y[i : i + args.batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total, batches = total + loss.item(), batches + 1
+        loss_mean = total / max(batches, 1)
+        ends.append(time.perf_counter())
+        if epoch == 0:
+            cpu1 = time.process_time()
+    cpu2 = time.process_time()
+    wall = ends[-1] - start
+    window = ends[-1] - ends[0]
+    steady = (args.epochs - 1) * n / window if args.epochs > 1 else n / wall
+    return Measurement(
+        name="plain PyTorch (baseline)",
+        workers=1,
+        cores=1,
+        steady=steady,
+        end_to_end=args.epochs * n / wall,
+        wall_s=wall,
+        first_epoch_s=ends[0] - start,
+        epoch_s=window / max(args.epochs - 1, 1),
+        busy_cores=(cpu2 - cpu1) / window if args.epochs > 1 else (cpu2 - cpu0) / wall,
+        loss=loss_mean,
+    )
+
+
+def ray_train(workers: int, args: argparse.Namespace, name: str) -> Measurement:
+    """One run of the product path; timed from outside, metrics.json records stamped on arrival."""
+    doc = trainingjob(workers, args)
+    run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=_TMP))
+    metrics = run_dir / "metrics.json"
+    clock = ReportClock(metrics)
+    clock.start()
+    start = time.perf_counter()
+    try:
+        outcome = train.train(
+            doc, storage_override=str(run_dir / "store"), metrics_path=str(metrics), echo=False, quiet=True
+        )
+    finally:
+        wall = time.perf_counter() - start
+        clock.stop()
+    stamps = clock.stamps
+    if len(stamps) != args.epochs:
+        raise RuntimeError(f"expected {args.epochs} records in {metrics}, saw {len(stamps)}")
+    (t_first, cpu_first), (t_last, cpu_last) = stamps[0], stamps[-1]
+    window = t_last - t_first
+    steady = (args.epochs - 1) * args.samples / window if args.epochs > 1 and window > 0 else float("nan")
+    loss = outcome.metrics.get("loss")
+    return Measurement(
+        name=name,
+        workers=workers,
+        cores=workers,
+        steady=steady,
+        end_to_end=args.epochs * args.samples / wall,
+        wall_s=wall,
+        first_epoch_s=t_first - start,
+        epoch_s=window / max(args.epochs - 1, 1),
+        busy_cores=(cpu_last - cpu_first) / window if window > 0 else float("nan"),
+        loss=float(loss) if isinstance(loss, int | float) else None,
+    )
+
+
+def start_ray() -> None:
+    ray.init(
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        object_store_memory=256 * 1024 * 1024,
+        log_to_driver=False,
+    )
+    for name in ("ray", "ray.data", "ray.train"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+
+
+def health_check_interval_s() -> float:
+    """How often the Ray Train controller polls the workers (and so collects reports), in seconds."""
+    try:
+        from ray.train.v2._internal.constants import DEFAULT_HEALTH_CHECK_INTERVAL_S
+    except ImportError:  # a Ray without this private module: its documented default
+        return 2.0
+    return float(os.environ.get(POLL_ENV, DEFAULT_HEALTH_CHECK_INTERVAL_S))
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    line = " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    rule = "-+-".join("-" * w for w in widths)
+    body = [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join([line, rule, *body])
+
+
+def report(results: list[Measurement], args: argparse.Namespace, poll_s: float) -> None:
+    base = results[0]
+    per_core = [m.steady / m.cores / base.steady for m in results]
+    print(
+        f"\nsamples={args.samples}  epochs={args.epochs}  batch/worker={args.batch}  "
+        f"MLP {FEATURES}->{HIDDEN}->1  AdamW lr={LR}  seed={SEED}  "
+        f"host: {os.cpu_count()} cores, torch {torch.__version__}, ray {ray.__version__}\n"
+    )
+    print(
+        table(
+            [
+                "config",
+                "workers",
+                "cores used",
+                "samples/s (steady)",
+                "samples/s (end-to-end)",
+                "ratio vs baseline per core",
+                f"goal met? (>= {GOAL})",
+            ],
+            [
+                [
+                    m.name,
+                    str(m.workers),
+                    str(m.cores),
+                    f"{m.steady:,.0f}",
+                    f"{m.end_to_end:,.0f}",
+                    f"{r:.2f}" + (" (ref)" if i == 0 else ""),
+                    "-" if i == 0 else ("yes" if r >= GOAL else "no"),
+                ]
+                for i, (m, r) in enumerate(zip(results, per_core, strict=True))
+            ],
+        )
+    )
+    print("\nBreakdown")
+    print(
+        table(
+            [
+                "config",
+                "workers",
+                "wall s",
+                "start -> epoch 1 s",
+                "s/epoch (steady)",
+                "cores busy (measured)",
+                "ratio per busy core",
+                "ratio per core (end-to-end)",
+                "final loss",
+            ],
+            [
+                [
+                    m.name,
+                    str(m.workers),
+                    f"{m.wall_s:.2f}",
+                    f"{m.first_epoch_s:.2f}",
+                    f"{m.epoch_s:.3f}",
+                    f"{m.busy_cores:.2f}",
+                    f"{m.steady / m.busy_cores / (base.steady / base.busy_cores):.2f}",
+                    f"{m.end_to_end / m.cores / base.end_to_end:.2f}",
+                    "-" if m.loss is None else f"{m.loss:.4f}",
+                ]
+                for m in results
+            ],
+        )
+    )
+    print(
+        "\nMethod: steady = epochs 2..E (Ray: between the arrivals of the first and last metrics.json "
+        "records,\n  polled every 10 ms; baseline: after the warm-up epoch). end-to-end = all epochs over "
+        "the wall time\n  (Ray: the whole train.train() call incl. worker-group startup and export; "
+        "ray.init excluded).\n  cores used = CPUs reserved by the workers; cores busy = CPU seconds of the "
+        "whole Ray process tree\n  (or the baseline process) in the steady window / its wall time."
+    )
+    print(
+        f"Note: Ray Train's controller collects reports by polling the workers every {poll_s:g} s "
+        f"({POLL_ENV})\n  and a worker holds at most one unconsumed report (ray.train.report blocks "
+        f"until it is taken), so\n  reporting every epoch caps a run near one epoch per {poll_s:g} s: "
+        f"here about {args.samples / poll_s:,.0f} samples/s in total,\n  whatever the compute speed. "
+        "Longer epochs (more --samples) amortize it.\n  Record arrival times are quantized to that poll, "
+        f"so a Ray steady figure is uncertain by up to {poll_s:g} s over its {args.epochs - 1}-epoch window."
+    )
+    if args.diagnostic_poll > 0:
+        print(
+            f"  The 'poll {args.diagnostic_poll:g} s' rows are a diagnostic, not the product's default: "
+            f"the same runs in a\n  second Ray session started with {POLL_ENV}={args.diagnostic_poll:g}, "
+            "to show the cost of the rest\n  of the path (Ray Data batches, DDP all-reduce, per-epoch "
+            "report + checkpoint) without the cap."
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--epochs", type=int, default=5, help="epochs per run (>= 2; default 5)")
+    parser.add_argument("--samples", type=int, default=8192, help="rows of synthetic data (default 8192)")
+    parser.add_argument("--batch", type=int, default=64, help="batch size per worker (default 64)")
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=[1, 2], help="Ray Train worker counts (default 1 2)"
+    )
+    parser.add_argument(
+        "--diagnostic-poll",
+        type=float,
+        default=0.05,
+        help=f"rerun the Ray configurations with {POLL_ENV} set to this (seconds; 0: skip; default 0.05)",
+    )
+    args = parser.parse_args(argv)
+    if args.epochs < 2:
+        parser.error("--epochs must be >= 2 (the steady figure leaves the first epoch out)")
+    began = time.perf_counter()
+    poll_s = health_check_interval_s()
+    sessions = [(None, "Ray Train DDP (train.train)")]
+    if args.diagnostic_poll > 0:
+        sessions.append((args.diagnostic_poll, f"Ray Train DDP, poll {args.diagnostic_poll:g} s"))
+    try:
+        start_ray()
+        x, y = materialize(args.samples)
+        ray.shutdown()  # the baseline runs with no Ray processes around
+        print(f"baseline: plain PyTorch, {args.epochs} epochs ...", flush=True)
+        results = [baseline(x, y, args)]
+        for poll, name in sessions:
+            if poll is not None:
+                ray.shutdown()
+                os.environ[POLL_ENV] = f"{poll:g}"  # inherited by the raylet and the controller actor
+            start_ray()
+            for workers in args.workers:
+                print(f"{name}: {workers} worker(s), {args.epochs} epochs ...", flush=True)
+                results.append(ray_train(workers, args, name))
+        report(results, args, poll_s)
+        print(f"\n(benchmark took {time.perf_counter() - began:.0f} s)")
+    finally:
+        ray.shutdown()
+        shutil.rmtree(_TMP, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

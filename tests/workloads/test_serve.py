@@ -1,0 +1,278 @@
+"""rayship_workloads.serve: the Ray Serve application over real HTTP on local Ray (CPU).
+
+One Serve instance per module (a free loopback port): an MLP app under /tabular and, for the causal-lm
+test, a tiny randomly initialised GPT-2 under /lm. Models are made here; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+import torch
+
+from rayship_workloads import models
+from rayship_workloads.serve import ServeArgs, app_builder, serve_locally
+
+pytestmark = pytest.mark.workloads
+
+IN_FEATURES, HIDDEN, OUT_FEATURES = 8, [16, 16], 2
+CLIENTS = 16
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def call(method: str, url: str, body: Any = None, *, raw: bytes | None = None) -> tuple[int, dict[str, Any]]:
+    """(status, JSON body) of one HTTP request; `raw` sends bytes as they are."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def expected(model: torch.nn.Module, rows: list[list[float]]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor(rows))
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory: pytest.TempPathFactory) -> tuple[models.MLP, Path]:
+    torch.manual_seed(1234)
+    model = models.MLP(IN_FEATURES, HIDDEN, OUT_FEATURES).eval()
+    config = {"in_features": IN_FEATURES, "hidden": HIDDEN, "out_features": OUT_FEATURES}
+    return model, models.export_mlp(tmp_path_factory.mktemp("mlp"), config, model.state_dict())
+
+
+@pytest.fixture(scope="module")
+def server(ray_session: None, mlp: tuple[models.MLP, Path]) -> Iterator[str]:
+    """The MLP served under /tabular; Serve is shut down with the module."""
+    from ray import serve
+
+    try:
+        yield serve_locally(
+            str(mlp[1]),
+            port=free_port(),
+            route_prefix="/tabular",
+            max_batch_size=CLIENTS,
+            batch_wait_timeout_s=0.05,
+            num_cpus=0.5,
+        )
+    finally:
+        serve.shutdown()
+
+
+def test_predict_matches_the_model(server: str, mlp: tuple[models.MLP, Path]) -> None:
+    rows = torch.randn(5, IN_FEATURES, generator=torch.Generator().manual_seed(7)).tolist()
+    for batch in (rows, rows[:1]):
+        status, body = call("POST", f"{server}/predict", {"instances": batch})
+        assert status == 200, body
+        predictions = torch.tensor(body["predictions"])
+        assert predictions.shape == (len(batch), OUT_FEATURES)
+        torch.testing.assert_close(predictions, expected(mlp[0], batch), rtol=0, atol=1e-5)
+
+
+def test_concurrent_requests_share_batches(server: str, mlp: tuple[models.MLP, Path]) -> None:
+    before = call("GET", f"{server}/stats")[1]["batch_sizes"]
+    generator = torch.Generator().manual_seed(11)
+    inputs = [torch.randn(1 + i % 3, IN_FEATURES, generator=generator).tolist() for i in range(CLIENTS)]
+    results: dict[int, tuple[int, dict[str, Any]]] = {}
+    barrier = threading.Barrier(CLIENTS)
+
+    def client(i: int) -> None:
+        barrier.wait()
+        results[i] = call("POST", f"{server}/predict", {"instances": inputs[i]})
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+
+    assert sorted(results) == list(range(CLIENTS))
+    for i, (status, body) in results.items():  # every client gets its own rows back, in order
+        assert status == 200, body
+        torch.testing.assert_close(
+            torch.tensor(body["predictions"]), expected(mlp[0], inputs[i]), rtol=0, atol=1e-5
+        )
+    new = call("GET", f"{server}/stats")[1]["batch_sizes"][len(before) :]
+    assert sum(new) == CLIENTS, new  # each request went through the batcher exactly once
+    assert max(new) > 1, f"no batch of more than one request formed: {new}"
+
+
+GOOD_ROW = [0.5] * IN_FEATURES
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b'{"instances": [[1, 2', "not valid JSON"),
+        (b"\xff\xfe garbage", "not valid JSON"),
+        (b"[[1, 2, 3]]", "must be a JSON object"),
+        (json.dumps({"rows": [GOOD_ROW]}).encode(), "missing field 'instances'"),
+        (json.dumps({"instances": [GOOD_ROW], "extra": 1}).encode(), "unknown field 'extra'"),
+        (json.dumps({"instances": []}).encode(), "non-empty list"),
+        (json.dumps({"instances": GOOD_ROW}).encode(), "instances[0] must be a list"),
+        (json.dumps({"instances": [GOOD_ROW, [1.0, 2.0]]}).encode(), "instances[1] has 2 features"),
+        (json.dumps({"instances": [[*GOOD_ROW[:-1], "x"]]}).encode(), f"instances[0][{IN_FEATURES - 1}]"),
+        (json.dumps({"instances": [[True, *GOOD_ROW[1:]]]}).encode(), "is not a number"),
+        (json.dumps({"instances": [[float("nan"), *GOOD_ROW[1:]]]}).encode(), "not finite"),
+        (json.dumps({"instances": [[10**400, *GOOD_ROW[1:]]]}).encode(), "out of range"),
+        (json.dumps({"instances": [[1e300, *GOOD_ROW[1:]]]}).encode(), "out of range for torch.float32"),
+    ],
+    ids=[
+        "truncated-json",
+        "not-utf8",
+        "array-body",
+        "missing-instances",
+        "unknown-field",
+        "empty-list",
+        "flat-row",
+        "wrong-feature-count",
+        "string-value",
+        "boolean-value",
+        "nan-value",
+        "huge-integer",
+        "float32-range",
+    ],
+)
+def test_malformed_predict_is_400(server: str, raw: bytes, message: str) -> None:
+    status, body = call("POST", f"{server}/predict", raw=raw)
+    assert status == 400, body
+    assert message in body["error"], body
+
+
+def test_outputs_that_overflow_are_400(server: str, mlp: tuple[models.MLP, Path]) -> None:
+    row = [3e38] * IN_FEATURES  # finite in float32, but the first layer's sums are not
+    assert not torch.isfinite(expected(mlp[0], [row])).all()
+    status, body = call("POST", f"{server}/predict", {"instances": [row]})
+    assert status == 400 and "non-finite outputs" in body["error"], body
+
+
+def test_healthz(server: str, mlp: tuple[models.MLP, Path]) -> None:
+    assert call("GET", f"{server}/healthz") == (
+        200,
+        {"status": "ok", "recipe": "mlp", "model_uri": str(mlp[1])},
+    )
+
+
+def test_generate_on_an_mlp_is_400(server: str) -> None:
+    status, body = call("POST", f"{server}/generate", {"prompt": "hello", "max_new_tokens": 4})
+    assert status == 400, body
+    assert "causal-lm" in body["error"] and "'mlp'" in body["error"], body
+
+
+def test_serve_args_validation() -> None:
+    args = ServeArgs.model_validate({"modelUri": "s3://b/m", "maxBatchSize": 8, "batchWaitTimeoutS": 0.1})
+    assert (args.model_uri, args.max_batch_size, args.batch_wait_timeout_s) == ("s3://b/m", 8, 0.1)
+    assert ServeArgs(model_uri="/m", min_replicas=2, max_replicas=2).max_replicas == 2
+    bad: list[dict[str, Any]] = [
+        {"modelUri": "/m", "minReplicas": 3, "maxReplicas": 2},
+        {},
+        {"modelUri": "/m", "modelURI": "/n"},  # unknown key (typo): rejected, not ignored
+        {"modelUri": "/m", "maxBatchSize": 0},
+        {"modelUri": "/m", "maxBatchSize": 2000},
+        {"modelUri": "/m", "batchWaitTimeoutS": 11},
+        {"modelUri": "/m", "maxBatchSize": True},
+        {"modelUri": "/m", "routePrefix": "api"},
+        {"modelUri": "/m", "targetOngoingRequests": float("inf")},
+    ]
+    for case in bad:
+        with pytest.raises(pydantic.ValidationError):
+            ServeArgs.model_validate(case)
+    with pytest.raises(pydantic.ValidationError, match=r"min_replicas \(3\) > max_replicas \(2\)"):
+        ServeArgs.model_validate(bad[0])
+
+
+def test_app_builder_takes_a_camel_case_dict() -> None:
+    from ray.serve import Application
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+
+    args = {"modelUri": "/m", "maxBatchSize": 4, "minReplicas": 1, "maxReplicas": 3, "numCpus": 0.5}
+    # The call Ray makes for serveConfigV2 `import_path` + `args`.
+    app = call_user_app_builder_with_args_if_necessary(app_builder, args)
+    assert isinstance(app, Application)
+    deployment = app._bound_deployment  # no public accessor for a bound application's options
+    autoscaling = deployment._deployment_config.autoscaling_config
+    assert (autoscaling.min_replicas, autoscaling.max_replicas) == (1, 3)
+    assert autoscaling.target_ongoing_requests == 5
+    assert deployment.ray_actor_options["num_cpus"] == 0.5
+    assert deployment.max_ongoing_requests >= 4  # room for a full batch
+    with pytest.raises(pydantic.ValidationError):
+        app_builder({"modelUri": "/m", "minReplicas": 2, "maxReplicas": 1})
+
+
+# --- causal-lm ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Path]:
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=260, n_positions=64)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    directory = tmp_path_factory.mktemp("lm")
+    model.save_pretrained(directory)
+    models.write_manifest(directory, "causal-lm", {"n_layer": 1, "n_embd": 16}, tokenizer="bytes")
+    return model, directory
+
+
+@pytest.fixture(scope="module")
+def lm_server(server: str, tiny_lm: tuple[torch.nn.Module, Path]) -> Iterator[str]:
+    """The tiny LM as a second application under /lm, built from camelCase args."""
+    from ray import serve
+
+    args = {"modelUri": str(tiny_lm[1]), "routePrefix": "/lm", "numCpus": 0.5}
+    serve.run(app_builder(args), name="rayship-lm", route_prefix="/lm")
+    try:
+        yield server.removesuffix("/tabular") + "/lm"
+    finally:
+        serve.delete("rayship-lm")
+
+
+def test_generate_with_a_tiny_causal_lm(lm_server: str, tiny_lm: tuple[torch.nn.Module, Path]) -> None:
+    prompt, max_new_tokens = "hello", 8
+    ids = torch.tensor([list(prompt.encode())])
+    with torch.no_grad():
+        out = tiny_lm[0].generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    want = bytes(i for i in out[0, ids.shape[1] :].tolist() if i < 256).decode("utf-8", errors="replace")
+
+    request = {"prompt": prompt, "max_new_tokens": max_new_tokens}
+    first = call("POST", f"{lm_server}/generate", request)
+    assert first == (200, {"text": want})
+    assert call("POST", f"{lm_server}/generate", request) == first  # greedy: deterministic
+
+    assert call("GET", f"{lm_server}/healthz")[1]["recipe"] == "causal-lm"
+    for path, body, message in [
+        ("/predict", {"instances": [[1.0]]}, "use /generate"),
+        ("/generate", {"max_new_tokens": 4}, "missing field 'prompt'"),
+        ("/generate", {"prompt": ""}, "non-empty string"),
+        ("/generate", {"prompt": "hi", "max_new_tokens": "4"}, "must be an integer"),
+        ("/generate", {"prompt": "hi", "max_new_tokens": 0}, "must be in 1.."),
+        ("/generate", {"prompt": "hi", "max_new_tokens": 63}, "exceeds the model's 64 positions"),
+    ]:
+        status, answer = call("POST", f"{lm_server}{path}", body)
+        assert status == 400 and message in answer["error"], (path, body, answer)
