@@ -35,11 +35,12 @@ $(BIN)/helm $(BIN)/kubectl: | $(BIN)/.installed
 
 ##@ Run
 .PHONY: demo render run operator
-demo: setup ## the main job on the embedded sample: render the TrainingJob, check the RayJob strictly
-	@echo "--- rayship render -f $(SAMPLE)"
-	@$(BIN)/rayship render -f $(SAMPLE) | tee $(VENV)/demo-rayjob.yaml
-	@echo "--- strict check against the KubeRay v1.7.0 CRD"
-	@$(BIN)/python -m tests.check_kuberay < $(VENV)/demo-rayjob.yaml
+demo: setup ## the main job: train the sample TrainingJob on local Ray, serve it, query it, shut down
+	@echo "--- what the operator would create on a cluster (rayship render), checked against KubeRay v1.7.0"
+	@$(BIN)/rayship render -f $(SAMPLE) > $(VENV)/demo-objects.yaml
+	@$(BIN)/python -m tests.check_kuberay < $(VENV)/demo-objects.yaml
+	@echo "--- the same TrainingJob on local Ray: train -> serve -> predict"
+	@time $(BIN)/rayship demo -f $(SAMPLE)
 
 run: setup ## train FILE=... (default: the DDP sample) on local Ray
 	$(BIN)/rayship run -f $(or $(FILE),$(SAMPLE))

@@ -112,6 +112,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    local = _workloads()
+    local.serve(args.model, port=args.port, route_prefix=args.route_prefix)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    local = _workloads()
+    doc = _one_trainingjob(args.file)
+    local.demo(doc, runs_dir=Path(args.runs_dir), port=args.port)
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from rayship import generate
 
@@ -146,6 +159,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--file", required=True, help="TrainingJob YAML/JSON file, or - for stdin")
     p.add_argument("--runs-dir", default="rayship-runs", help="where checkpoints, metrics and the model go")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("serve", help="serve an exported model on local Ray (until Ctrl-C)")
+    p.add_argument(
+        "--model", required=True, help="model URI: a path, PVC path or s3:// prefix (see `rayship run`)"
+    )
+    p.add_argument("--port", type=int, default=8000, help="HTTP port on 127.0.0.1")
+    p.add_argument("--route-prefix", default="/", help="route prefix, e.g. /mnist")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("demo", help="train a TrainingJob locally, serve the model, query it once, shut down")
+    p.add_argument("-f", "--file", required=True, help="TrainingJob YAML/JSON file")
+    p.add_argument("--runs-dir", default="rayship-runs", help="where checkpoints, metrics and the model go")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port on 127.0.0.1 for the demo service")
+    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("generate", help="write the CRDs and manifests generated from the API models")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="repository root")

@@ -171,9 +171,15 @@ def test_bring_your_own_entrypoint_gets_the_config(ray_session, tmp_path: Path) 
             "trainer.config": {"echo": 7},
         },
     )
-    outcome = train.train(doc, storage_override=str(tmp_path / "store"), echo=False)
-    assert outcome.metrics["echo"] == 7 and outcome.metrics["world_size"] == 2 and outcome.metrics["has_spec"]
-    assert outcome.model_uri is None  # rayship does not guess the format of a custom loop's checkpoints
+    metrics = tmp_path / "metrics.json"
+    outcome = train.train(
+        doc, storage_override=str(tmp_path / "store"), metrics_path=str(metrics), echo=False
+    )
+    last = json.loads(metrics.read_text())[-1]  # what the progress callback saw (averaged over ranks)
+    assert last["epoch"] == 2 and last["metrics"] == {"echo": 7.0, "world_size": 2.0, "has_spec": 1.0}
+    assert (
+        outcome.latest is None and outcome.model_uri is None
+    )  # rayship does not guess the format of a custom loop's checkpoints
 
 
 def test_unknown_entrypoint_is_explained(tmp_path: Path) -> None:

@@ -25,12 +25,19 @@ def data_format(data: dict[str, Any]) -> str:
     return data["uri"].rsplit(".", 1)[-1]  # the API guarantees a known extension when format is unset
 
 
-def synthetic_tabular(samples: int, features: int, seed: int) -> ray.data.Dataset:
-    """y = x·w + 0.5·sin(x0) + noise: learnable by an MLP, the same for every run with the same seed."""
-    rng = np.random.default_rng(seed)
+def synthetic_arrays(samples: int, features: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) with y = x·w + 0.5·sin(x0) + noise. `w` depends on the seed only, so every sample
+    size draws from the same function; the same seed gives the same rows."""
+    w = np.random.default_rng(seed).normal(size=features).astype(np.float32)
+    rng = np.random.default_rng([seed, samples])
     x = rng.normal(size=(samples, features)).astype(np.float32)
-    w = rng.normal(size=features).astype(np.float32)
     y = x @ w + 0.5 * np.sin(x[:, 0]) + 0.05 * rng.normal(size=samples).astype(np.float32)
+    return x, y
+
+
+def synthetic_tabular(samples: int, features: int, seed: int) -> ray.data.Dataset:
+    """The rows of `synthetic_arrays` as a Ray Dataset with columns x0..x{n-1} and y."""
+    x, y = synthetic_arrays(samples, features, seed)
     rows = [
         {**{f"x{j}": float(x[i, j]) for j in range(features)}, LABEL: float(y[i])} for i in range(samples)
     ]

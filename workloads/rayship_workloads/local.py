@@ -141,3 +141,60 @@ def run(doc: dict[str, Any], *, runs_dir: Path = RUNS_DIR) -> dict[str, Any]:
     print(f"metrics: {out / 'metrics.json'}  loss curve: {out / 'loss.png'}")
     print(f"model: {outcome.model_uri}", flush=True)
     return result
+
+
+def post_json(url: str, payload: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
+    import urllib.request
+
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def serve(model_uri: str, *, port: int, route_prefix: str = "/", block: bool = True) -> str:
+    """Serve an exported model on local Ray; with `block`, until Ctrl-C. Returns the base URL."""
+    from ray import serve as ray_serve
+
+    from rayship_workloads.serve import serve_locally
+
+    init_ray(1)
+    url = serve_locally(model_uri, port=port, route_prefix=route_prefix)
+    print(
+        f"serving {model_uri} at {url}  (POST {url.rstrip('/')}/predict, GET {url.rstrip('/')}/healthz)",
+        flush=True,
+    )
+    if block:
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            print("stopping", flush=True)
+        finally:
+            ray_serve.shutdown()
+    return url
+
+
+def demo(doc: dict[str, Any], *, runs_dir: Path = RUNS_DIR, port: int = 8000) -> dict[str, Any]:
+    """The main job end to end: train on local Ray, serve the model, send one prediction, shut down."""
+    import ray
+    from ray import serve as ray_serve
+
+    from rayship_workloads import data
+
+    result = run(doc, runs_dir=runs_dir)
+    try:
+        url = serve(result["model"], port=port, route_prefix="/" + doc["metadata"]["name"], block=False)
+        config = doc["spec"]["trainer"].get("config") or {}
+        # A fresh draw from the function the synthetic training data came from (not a training row).
+        x, y = data.synthetic_arrays(1, int(config.get("features", 8)), seed=int(config.get("seed", 0)))
+        features, target = [float(v) for v in x[0]], float(y[0])
+        answer = post_json(f"{url.rstrip('/')}/predict", {"instances": [features]})
+        prediction = answer["predictions"][0][0]
+        print(f"POST {url.rstrip('/')}/predict  instances=[[{', '.join(f'{v:.3f}' for v in features)}]]")
+        print(f"prediction {prediction:.4f}  (true value {target:.4f})", flush=True)
+        return {**result, "url": url, "prediction": prediction, "target": target}
+    finally:
+        ray_serve.shutdown()
+        ray.shutdown()
+        print("shut down: Serve and local Ray stopped", flush=True)
