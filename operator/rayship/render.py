@@ -76,30 +76,77 @@ def _pod_security_context(config: OperatorConfig) -> dict[str, Any]:
     }
 
 
-def _env(tj: api.TrainingJob, gpus: int) -> list[dict[str, Any]]:
-    ref = f"{tj.metadata.namespace}/{tj.metadata.name}" if tj.metadata.namespace else tj.metadata.name
-    env: list[dict[str, Any]] = [{"name": names.ENV_TRAININGJOB, "value": ref}]
+def _env(ref: str, gpus: int, user_env: list[api.EnvVar], ref_var: str) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": ref_var, "value": ref}]
     if gpus == 0:
         # Without this, the NVIDIA runtime exposes every GPU of the node to a pod that asked for none.
         env.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})
-    env.extend(e.wire() for e in tj.spec.env)
+    env.extend(e.wire() for e in user_env)
     return env
 
 
-def _volumes(tj: api.TrainingJob, memory: str) -> tuple[list[dict], list[dict]]:
-    """(volumes, mounts): a memory-backed /dev/shm (NCCL, DataLoader workers) and the checkpoints."""
-    volumes: list[dict[str, Any]] = [
-        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": memory}}
-    ]
-    mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+def _object_ref(meta: api.ObjectMeta) -> str:
+    return f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name
+
+
+def _checkpoint_volumes(tj: api.TrainingJob) -> tuple[list[dict], list[dict]]:
     pvc = tj.spec.checkpoint.storage.pvc
-    if pvc is not None:
-        volumes.append({"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": pvc.claim_name}})
-        mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": pvc.mount_path})
-    return volumes, mounts
+    if pvc is None:
+        return [], []
+    return (
+        [{"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": pvc.claim_name}}],
+        [{"name": CHECKPOINT_VOLUME, "mountPath": pvc.mount_path}],
+    )
 
 
-def _pod_template(
+def pod_template(
+    config: OperatorConfig,
+    *,
+    image: str,
+    container: str,
+    cpus: float,
+    memory: str,
+    gpus: int,
+    labels: dict[str, str],
+    env: list[dict[str, Any]],
+    volumes: tuple[list[dict], list[dict]] = ([], []),
+    node_selector: dict[str, str] | None = None,
+    tolerations: list[dict[str, Any]] | None = None,
+    priority_class: str | None = None,
+    service_account: str | None = None,
+) -> dict[str, Any]:
+    """A Ray pod: limits == requests (GPUs included), a memory-backed /dev/shm, non-root."""
+    resources: dict[str, str] = {"cpu": cpu_quantity(cpus), "memory": memory}
+    if gpus:
+        resources[config.gpu_resource] = str(gpus)
+    pod: dict[str, Any] = {
+        "securityContext": _pod_security_context(config),
+        "containers": [
+            {
+                "name": container,
+                "image": image,
+                # limits == requests: Guaranteed QoS, and GPUs must be requested as limits anyway
+                "resources": {"limits": dict(resources), "requests": dict(resources)},
+                "env": env,
+                # /dev/shm in memory: NCCL and DataLoader workers need more than Docker's 64 MB
+                "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}, *volumes[1]],
+                "securityContext": _security_context(config),
+            }
+        ],
+        "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": memory}}, *volumes[0]],
+    }
+    if node_selector:
+        pod["nodeSelector"] = dict(sorted(node_selector.items()))
+    if tolerations:
+        pod["tolerations"] = tolerations
+    if priority_class:
+        pod["priorityClassName"] = priority_class
+    if service_account:
+        pod["serviceAccountName"] = service_account
+    return {"metadata": {"labels": dict(labels)}, "spec": pod}
+
+
+def _tj_pod(
     tj: api.TrainingJob,
     config: OperatorConfig,
     *,
@@ -111,47 +158,41 @@ def _pod_template(
     node_selector: dict[str, str],
     tolerations: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    resources: dict[str, str] = {"cpu": cpu_quantity(cpus), "memory": memory}
-    if gpus:
-        resources[config.gpu_resource] = str(gpus)
-    volumes, mounts = _volumes(tj, memory)
-    pod: dict[str, Any] = {
-        "securityContext": _pod_security_context(config),
-        "containers": [
-            {
-                "name": container,
-                "image": resolved_spec(tj, config)["image"],
-                # limits == requests: Guaranteed QoS, and GPUs must be requested as limits anyway
-                "resources": {"limits": dict(resources), "requests": dict(resources)},
-                "env": _env(tj, gpus),
-                "volumeMounts": mounts,
-                "securityContext": _security_context(config),
-            }
-        ],
-        "volumes": volumes,
-    }
-    if node_selector:
-        pod["nodeSelector"] = dict(sorted(node_selector.items()))
-    if tolerations:
-        pod["tolerations"] = tolerations
-    if tj.spec.scheduling.priority_class_name:
-        pod["priorityClassName"] = tj.spec.scheduling.priority_class_name
-    pod["serviceAccountName"] = names.workload_account(tj.metadata.name)  # reports progress
-    return {"metadata": {"labels": dict(labels)}, "spec": pod}
+    return pod_template(
+        config,
+        image=resolved_spec(tj, config)["image"],
+        container=container,
+        cpus=cpus,
+        memory=memory,
+        gpus=gpus,
+        labels=labels,
+        env=_env(_object_ref(tj.metadata), gpus, tj.spec.env, names.ENV_TRAININGJOB),
+        volumes=_checkpoint_volumes(tj),
+        node_selector=node_selector,
+        tolerations=tolerations,
+        priority_class=tj.spec.scheduling.priority_class_name,
+        service_account=names.workload_account(tj.metadata.name),  # reports progress
+    )
 
 
-def _worker_placement(tj: api.TrainingJob, config: OperatorConfig) -> tuple[dict[str, str], list[dict]]:
-    workers = tj.spec.workers
+def gpu_placement(
+    config: OperatorConfig,
+    gpus: int,
+    gpu_product: str | None,
+    node_selector: dict[str, str],
+    tolerations: list,
+) -> tuple[dict[str, str], list[dict]]:
+    """Node selector and tolerations of a worker group: the GPU conventions, then the user's own."""
     selector: dict[str, str] = {}
-    tolerations: list[dict[str, Any]] = []
-    if workers.gpus_per_worker:
+    tols: list[dict[str, Any]] = []
+    if gpus:
         selector.update(config.gpu_node_selector)
-        tolerations.extend(config.gpu_tolerations)
-        if workers.gpu_product:
-            selector[config.gpu_product_label] = workers.gpu_product
-    selector.update(workers.node_selector)
-    tolerations.extend(t.wire() for t in workers.tolerations)
-    return selector, tolerations
+        tols.extend(config.gpu_tolerations)
+        if gpu_product:
+            selector[config.gpu_product_label] = gpu_product
+    selector.update(node_selector)
+    tols.extend(t.wire() for t in tolerations)
+    return selector, tols
 
 
 def build_rayjob(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
@@ -161,7 +202,7 @@ def build_rayjob(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
     name = names.rayjob_name(tj.metadata.name)
     labels = names.labels("TrainingJob", tj.metadata.name, "training")
     resolved = resolved_spec(tj, config)
-    head_template = _pod_template(
+    head_template = _tj_pod(
         tj,
         config,
         container=HEAD_CONTAINER,
@@ -172,8 +213,11 @@ def build_rayjob(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
         node_selector={},
         tolerations=[],
     )
-    selector, tolerations = _worker_placement(tj, config)
-    worker_template = _pod_template(
+    workers = spec.workers
+    selector, tolerations = gpu_placement(
+        config, workers.gpus_per_worker, workers.gpu_product, workers.node_selector, workers.tolerations
+    )
+    worker_template = _tj_pod(
         tj,
         config,
         container=WORKER_CONTAINER,

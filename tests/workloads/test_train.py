@@ -259,3 +259,32 @@ def test_tuning_with_asha_reports_the_best_trial(ray_session, tmp_path: Path) ->
     assert found.best_metric > 0 and found.best_checkpoint and found.model_uri
     _, manifest = models.load_model(found.model_uri)
     assert manifest["config"]["hidden"] == found.best_config["config.hidden"]  # the best trial's model
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "deepspeed"])
+def test_causal_lm_recipe_on_a_tiny_config(ray_session, tmp_path: Path, strategy: str) -> None:
+    """A Hugging Face causal LM built from a tiny config (nothing downloaded), byte-level tokens."""
+    changes: dict[str, Any] = {
+        "trainer.recipe": "causal-lm",
+        "trainer.strategy": strategy,
+        "trainer.epochs": 3,
+        "trainer.batchSizePerWorker": 16,
+        "trainer.learningRate": 0.003,
+        "trainer.config": {"max_length": 32},
+        "data.samples": 256,
+    }
+    if strategy == "deepspeed":
+        changes["trainer.deepspeed"] = {"zeroStage": 2, "precision": "fp32"}
+    doc = spec(tmp_path, **changes)
+    metrics = tmp_path / "metrics.json"
+    outcome = train.train(
+        doc, storage_override=str(tmp_path / "store"), metrics_path=str(metrics), echo=False
+    )
+    history = losses(metrics)
+    assert history[-1] < history[0], history
+    model, manifest = models.load_model(outcome.model_uri)
+    assert manifest["recipe"] == "causal-lm" and manifest["tokenizer"] == "bytes"
+    prompt = torch.tensor([list(b"the ray ")])
+    with torch.no_grad():
+        logits = model(input_ids=prompt).logits
+    assert logits.shape == (1, prompt.shape[1], 260) and torch.isfinite(logits).all()

@@ -100,7 +100,101 @@ def mlp_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None) -> N
             on_epoch_end(epoch)
 
 
-RECIPES: dict[str, Callable[[dict[str, Any]], None]] = {"mlp": mlp_loop}
+# causal-lm: a Hugging Face AutoModelForCausalLM. On a cluster, `config.model_path` names a local/PVC
+# directory (from_pretrained, its own tokenizer); otherwise `config.model_config` builds a model from
+# a config (from_config) with byte-level tokens: UTF-8 bytes, 256 = end of text, 257 = padding.
+BYTE_EOS, BYTE_PAD, BYTE_VOCAB = 256, 257, 260
+TINY_MODEL = {
+    "model_type": "gpt2",
+    "n_layer": 2,
+    "n_head": 2,
+    "n_embd": 32,
+    "n_positions": 128,
+    "vocab_size": BYTE_VOCAB,
+}
+
+
+def causal_lm_config(config: dict[str, Any]) -> dict[str, Any]:
+    if config.get("model_path"):
+        return {"model_path": str(config["model_path"])}
+    return {"model_config": {**TINY_MODEL, **(config.get("model_config") or {})}}
+
+
+def build_causal_lm(model_config: dict[str, Any]) -> Any:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if "model_path" in model_config:
+        return AutoModelForCausalLM.from_pretrained(model_config["model_path"], local_files_only=True)
+    settings = dict(model_config["model_config"])
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(settings.pop("model_type"), **settings))
+
+
+class Tokens:
+    """Batches of text -> (input_ids, attention_mask, labels): bytes, or the model's own tokenizer."""
+
+    def __init__(self, model_config: dict[str, Any], max_length: int):
+        self.max_length = max_length
+        self.tokenizer = None
+        if "model_path" in model_config:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(model_config["model_path"], local_files_only=True)
+            if self.tokenizer.pad_token is None:
+                self.tokenizer.pad_token = self.tokenizer.eos_token
+
+    def __call__(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        if self.tokenizer is not None:
+            enc = self.tokenizer(
+                texts, max_length=self.max_length, truncation=True, padding="max_length", return_tensors="pt"
+            )
+            ids, mask = enc["input_ids"], enc["attention_mask"]
+        else:
+            rows = [list(t.encode("utf-8"))[: self.max_length - 1] + [BYTE_EOS] for t in texts]
+            ids = torch.full((len(rows), self.max_length), BYTE_PAD, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for i, row in enumerate(rows):
+                ids[i, : len(row)] = torch.tensor(row)
+                mask[i, : len(row)] = 1
+        labels = ids.masked_fill(mask == 0, -100)  # no loss on padding
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def causal_lm_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None) -> None:
+    """Next-token prediction on a `text` column."""
+    rayship = config["rayship"]
+    spec = rayship["spec"]
+    trainer, every = spec["trainer"], spec["checkpoint"]["everyEpochs"]
+    device = ray.train.torch.get_device()
+    tokens = Tokens(rayship["model_config"], int(config.get("max_length", 64)))
+
+    # [1] prepare data: this worker's shard of the text dataset
+    shard = ray.train.get_dataset_shard("train")
+
+    # [2] prepare the model: DDP or DeepSpeed
+    torch.manual_seed(int(config.get("seed", 0)))
+    strategy = strategies.create(
+        spec, build_causal_lm(rayship["model_config"]), trainer["batchSizePerWorker"]
+    )
+
+    # [3] resume from the latest checkpoint, if this run has one
+    start_epoch, step = resume(strategy)
+
+    # [4] train, and report every epoch
+    for epoch in range(start_epoch + 1, trainer["epochs"] + 1):
+        total, batches = 0.0, 0
+        for batch in shard.iter_batches(batch_size=trainer["batchSizePerWorker"], batch_format="numpy"):
+            inputs = {k: v.to(device) for k, v in tokens([str(t) for t in batch[data.TEXT]]).items()}
+            loss = strategy.model(**inputs).loss
+            strategy.step(loss)
+            total, batches, step = total + loss.item(), batches + 1, step + 1
+        save = epoch % every == 0 or epoch == trainer["epochs"]
+        metrics = {"loss": total / max(batches, 1), "resumed_from_epoch": start_epoch}
+        report(strategy, epoch=epoch, step=step, metrics=metrics, save=save)
+        if on_epoch_end is not None:
+            on_epoch_end(epoch)
+
+
+RECIPES: dict[str, Callable[[dict[str, Any]], None]] = {"mlp": mlp_loop, "causal-lm": causal_lm_loop}
 DATA_KIND = {"mlp": "tabular", "causal-lm": "text"}
 
 

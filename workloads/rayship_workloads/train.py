@@ -81,6 +81,8 @@ def build_trainer(
     if kind == "tabular":
         context["features"] = data.feature_columns(dataset, user_config)
         context["model_config"] = recipes.mlp_config(len(context["features"]), user_config)
+    else:
+        context["model_config"] = recipes.causal_lm_config(user_config)
     root = storage_override or storage_root(spec)
     gpus = workers["gpusPerWorker"]
     resources = {"CPU": 1, "GPU": gpus} if gpus else {"CPU": 1}  # CPUs left over feed Ray Data
@@ -118,14 +120,39 @@ def export(
     """Write the model of `checkpoint` in the serving layout next to the checkpoints; its URI (None
     for bring-your-own loops, whose checkpoint format rayship does not know)."""
     spec = doc["spec"]
-    if checkpoint is None or spec["trainer"].get("recipe") != "mlp":
+    recipe = spec["trainer"].get("recipe")
+    if checkpoint is None or recipe is None:
         return None
     target = storage.join(context["storage_root"], context["run_name"], "model")
     with checkpoint.as_directory() as directory, tempfile.TemporaryDirectory() as tmp:
         state = strategies.full_state_dict(Path(directory), spec["trainer"]["strategy"])
-        models.export_mlp(Path(tmp), context["model_config"], state, features=context["features"])
+        if recipe == "mlp":
+            models.export_mlp(Path(tmp), context["model_config"], state, features=context["features"])
+        else:
+            export_causal_lm(Path(tmp), context["model_config"], state)
         storage.upload_dir(Path(tmp), target)
     return target
+
+
+def export_causal_lm(directory: Path, model_config: dict[str, Any], state: dict[str, Any]) -> None:
+    """A Hugging Face save_pretrained() directory plus the rayship manifest (and tokenizer, if any)."""
+    model = recipes.build_causal_lm(model_config)
+    loaded = model.load_state_dict(state, strict=False)  # tied weights (lm_head = embeddings) are stored once
+    missing = [k for k in loaded.missing_keys if not k.startswith("lm_head.")]
+    if missing or loaded.unexpected_keys:
+        raise ValueError(
+            f"checkpoint does not match the model: missing {missing}, unexpected {loaded.unexpected_keys}"
+        )
+    model.save_pretrained(str(directory))
+    if "model_path" in model_config:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(model_config["model_path"], local_files_only=True).save_pretrained(
+            str(directory)
+        )
+        models.write_manifest(directory, "causal-lm", model_config, tokenizer="pretrained")
+    else:
+        models.write_manifest(directory, "causal-lm", model_config, tokenizer="bytes")
 
 
 def best_checkpoint(result: ray.train.Result, root: str) -> str | None:
