@@ -40,3 +40,20 @@ def trainingjob_validator() -> StrictValidator:
     return StrictValidator(
         load_crd_schema(ROOT / "manifests" / "crds" / "trainingjobs.rayship.dev.yaml", api.VERSION)
     )
+
+
+@pytest.fixture(scope="session")
+def modelservice_validator() -> StrictValidator:
+    from rayship import api
+
+    return StrictValidator(
+        load_crd_schema(ROOT / "manifests" / "crds" / "modelservices.rayship.dev.yaml", api.VERSION)
+    )
+
+
+@pytest.fixture(scope="session")
+def rayservice_validator() -> StrictValidator:
+    crds = kuberay_crds_dir()
+    if crds is None:
+        pytest.skip(KUBERAY_HINT)
+    return StrictValidator(load_crd_schema(crds / "ray.io_rayservices.yaml", "v1"))

@@ -24,13 +24,41 @@ def _groups(cluster: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
-def rayjob_violations(rayjob: dict[str, Any]) -> list[str]:
-    found: list[str] = []
-    name = rayjob["metadata"]["name"]
-    if len(name) > MAX_RAYJOB_NAME:
+def _name_violations(name: str) -> list[str]:
+    found = []
+    if len(name) > MAX_RAYJOB_NAME:  # RayService: 53 - 6 = 47 as well
         found.append(f"name longer than {MAX_RAYJOB_NAME}")
     if not DNS1035.match(name):
         found.append("name is not a DNS-1035 label")
+    return found
+
+
+def rayservice_violations(rayservice: dict[str, Any]) -> list[str]:
+    found = _name_violations(rayservice["metadata"]["name"])
+    spec = rayservice["spec"]
+    found += cluster_violations(spec["rayClusterConfig"])
+    upgrade = spec.get("upgradeStrategy") or {}
+    if upgrade.get("type") not in (None, "None", "NewCluster", "NewClusterWithIncrementalUpgrade"):
+        found.append(f"invalid upgradeStrategy {upgrade.get('type')}")
+    if upgrade.get("type") == "NewClusterWithIncrementalUpgrade":
+        options = upgrade.get("clusterUpgradeOptions")
+        if not spec["rayClusterConfig"].get("enableInTreeAutoscaling"):
+            found.append("incremental upgrade needs the autoscaler")
+        if not options or not options.get("gatewayClassName") or not options.get("intervalSeconds"):
+            found.append("incremental upgrade needs clusterUpgradeOptions")
+        elif (
+            not 0 <= options.get("stepSizePercent", -1) <= 100
+            or not 0 <= options.get("maxSurgePercent", 100) <= 100
+        ):
+            found.append("percentages out of range")
+    head_svc = spec["rayClusterConfig"]["headGroupSpec"].get("headService") or {}
+    if (head_svc.get("metadata") or {}).get("name"):
+        found.append("headService name must not be set")
+    return found
+
+
+def rayjob_violations(rayjob: dict[str, Any]) -> list[str]:
+    found = _name_violations(rayjob["metadata"]["name"])
     spec = rayjob["spec"]
     shutdown = spec.get("shutdownAfterJobFinishes", False)
     if spec.get("suspend") and not shutdown:
@@ -52,6 +80,11 @@ def rayjob_violations(rayjob: dict[str, Any]) -> list[str]:
     if cluster is None and not spec.get("clusterSelector"):
         found.append("neither rayClusterSpec nor clusterSelector")
         return found
+    return found + cluster_violations(cluster)
+
+
+def cluster_violations(cluster: dict[str, Any]) -> list[str]:
+    found: list[str] = []
     for group, g in _groups(cluster):
         params = g.get("rayStartParams", {})
         if not g["template"]["spec"].get("containers"):

@@ -497,6 +497,156 @@ class TrainingJob(ApiModel):
     status: dict[str, Any] | None = None  # written by the operator; not validated on input
 
 
+# --- ModelService ------------------------------------------------------------------------------
+
+ROUTE_PREFIX_PATTERN = r"^/([A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*)?$"
+
+
+class FromTrainingJob(ApiModel):
+    """Serve the model a TrainingJob in the same namespace exported."""
+
+    name: str = Field(..., pattern=DNS1123_LABEL_PATTERN, max_length=63, description="TrainingJob name.")
+    checkpoint: Literal["latest", "best"] = Field(
+        "latest", description="latest: the final model; best: the model of the best checkpoint by loss."
+    )
+
+
+class ModelSource(ApiModel):
+    """Where the model comes from: a TrainingJob, or an exported model's URI."""
+
+    cel_rules: ClassVar = (
+        CelRule(
+            "has(self.fromTrainingJob) != has(self.uri)",
+            "set exactly one of model.fromTrainingJob or model.uri",
+        ),
+    )
+    from_training_job: FromTrainingJob | None = Field(None, description="A TrainingJob's exported model.")
+    uri: str | None = Field(
+        None,
+        min_length=1,
+        description="An exported model (rayship serving layout): a path, PVC path or s3:// prefix.",
+    )
+
+
+class ServeReplicas(ApiModel):
+    """Ray Serve autoscaling: replicas of the model, one per GPU worker pod."""
+
+    cel_rules: ClassVar = (CelRule("self.min <= self.max", "replicas.min must not exceed replicas.max"),)
+    min: int = Field(1, ge=0, le=1000, description="Fewest replicas (0 scales to zero when idle).")
+    max: int = Field(1, ge=1, le=1000, description="Most replicas.")
+    target_ongoing_requests: float = Field(
+        5, gt=0, le=10_000, description="Requests per replica autoscaling aims for."
+    )
+
+
+class ServeResources(ApiModel):
+    """Resources of one replica (and of the worker pod that hosts it)."""
+
+    gpus: int = Field(1, ge=0, le=16, description="GPUs per replica (0 serves on CPU).")
+    cpus: float = Field(4, gt=0, le=1024, description="CPU cores per replica.")
+    memory: str = Field(
+        "16Gi", pattern=QUANTITY_PATTERN, description="Memory per replica (Kubernetes quantity)."
+    )
+    gpu_product: str | None = Field(
+        None,
+        pattern=LABEL_VALUE_PATTERN,
+        max_length=63,
+        description="Required GPU model (node label nvidia.com/gpu.product).",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Extra node labels the worker pods must match."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Extra tolerations for the worker pods."
+    )
+
+
+class Batching(ApiModel):
+    """Request batching: concurrent requests are combined into one forward pass."""
+
+    max_batch_size: int = Field(32, ge=1, le=1024, description="Most requests in one batch.")
+    batch_wait_timeout_ms: int = Field(10, ge=0, le=10_000, description="How long a batch waits to fill up.")
+
+
+class UpgradeOptions(ApiModel):
+    """Traffic shifting for upgradeStrategy NewClusterWithIncrementalUpgrade (needs Gateway API)."""
+
+    gateway_class_name: str = Field(..., min_length=1, description="GatewayClass that routes the traffic.")
+    step_size_percent: int = Field(10, ge=1, le=100, description="Traffic moved per step.")
+    interval_seconds: int = Field(30, ge=1, description="Seconds between steps.")
+    max_surge_percent: int = Field(100, ge=0, le=100, description="Extra capacity the new cluster may add.")
+
+
+class ModelServiceSpec(ApiModel):
+    """Desired state of a model served with Ray Serve on a KubeRay RayService."""
+
+    cel_rules: ClassVar = (
+        CelRule(
+            "self.upgradeStrategy != 'NewClusterWithIncrementalUpgrade' || has(self.upgradeOptions)",
+            "upgradeStrategy NewClusterWithIncrementalUpgrade needs upgradeOptions (gatewayClassName)",
+        ),
+        CelRule(
+            "!has(self.env) || self.env.all(e, self.env.exists_one(f, f.name == e.name))",
+            "env variable names must be unique",
+        ),
+    )
+    image: str | None = Field(
+        None, min_length=1, description="Workload image; default from the operator config."
+    )
+    ray_version: str | None = Field(
+        None, pattern=RAY_VERSION_PATTERN, description="Ray version in the image."
+    )
+    model: ModelSource = Field(..., description="The model to serve.")
+    replicas: ServeReplicas = sub(ServeReplicas, "Replica autoscaling.")
+    resources: ServeResources = sub(ServeResources, "Resources per replica.")
+    batching: Batching = sub(Batching, "Request batching.")
+    route_prefix: str = Field(
+        "/",
+        pattern=ROUTE_PREFIX_PATTERN,
+        max_length=256,
+        description="HTTP path prefix of the service, e.g. /mnist.",
+    )
+    upgrade_strategy: Literal["NewCluster", "NewClusterWithIncrementalUpgrade", "None"] = Field(
+        "NewCluster",
+        description="How changes that need a new Ray cluster are rolled out (model changes never do).",
+    )
+    upgrade_options: UpgradeOptions | None = Field(None, description="For NewClusterWithIncrementalUpgrade.")
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=64, description="Environment for every Ray container."
+    )
+
+
+ServicePhase = Literal["WaitingForModel", "Deploying", "Ready", "Degraded", "Failed", "Invalid"]
+
+
+class ModelServiceStatus(ApiModel):
+    """Observed state, mirrored from the RayService by the operator."""
+
+    phase: ServicePhase | None = Field(
+        None, description="WaitingForModel, Deploying, Ready, Degraded, Failed or Invalid."
+    )
+    conditions: list[Condition] = Field(default_factory=list, description="Latest observations.")
+    url: str | None = Field(None, description="In-cluster URL of the service.")
+    model_uri: str | None = Field(None, alias="modelURI", description="The model being served.")
+    target_model_uri: str | None = Field(
+        None, alias="targetModelURI", description="The model being rolled out, until it is ready."
+    )
+    ready_replicas: int | None = Field(None, ge=0, description="Serve endpoints ready.")
+    ray_service_name: str | None = Field(None, description="Name of the owned RayService.")
+    observed_generation: int | None = Field(None, ge=0, description="Generation the status reflects.")
+
+
+class ModelService(ApiModel):
+    """A model served with Ray Serve (batched HTTP inference) on a KubeRay RayService."""
+
+    cel_rules: ClassVar = TrainingJob.cel_rules
+    api_version: Literal["rayship.dev/v1alpha1"] = Field(..., alias="apiVersion")
+    kind: Literal["ModelService"]
+    metadata: ObjectMeta
+    spec: ModelServiceSpec
+    status: dict[str, Any] | None = None
+
+
 @dataclass(frozen=True)
 class PrinterColumn:
     name: str
@@ -553,5 +703,22 @@ TRAINING_JOB = Kind(
     ),
 )
 
-KINDS: tuple[Kind, ...] = (TRAINING_JOB,)
+MODEL_SERVICE = Kind(
+    model=ModelService,
+    spec_model=ModelServiceSpec,
+    status_model=ModelServiceStatus,
+    kind="ModelService",
+    plural="modelservices",
+    singular="modelservice",
+    short_names=("ms",),
+    columns=(
+        PrinterColumn("Phase", "string", ".status.phase", "Lifecycle phase."),
+        PrinterColumn("Model", "string", ".status.modelURI", "The model being served."),
+        PrinterColumn("Replicas", "integer", ".status.readyReplicas", "Serve endpoints ready."),
+        PrinterColumn("URL", "string", ".status.url", "In-cluster URL."),
+        PrinterColumn("Age", "date", ".metadata.creationTimestamp", "Time since creation."),
+    ),
+)
+
+KINDS: tuple[Kind, ...] = (TRAINING_JOB, MODEL_SERVICE)
 KIND_BY_NAME: dict[str, Kind] = {k.kind: k for k in KINDS}

@@ -16,11 +16,23 @@ import yaml
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from rayship import __version__, api, render
+from rayship import __version__, api, modelservice, render
 from rayship.config import OperatorConfig
 from rayship.validation import SpecError, parse
 
 EXIT_INVALID = 1
+
+
+class _Dumper(yaml.SafeDumper):
+    """YAML output with multi-line strings (serveConfigV2, entrypoints) as readable `|` blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
 
 
 class InputError(Exception):
@@ -59,16 +71,32 @@ def render_documents(docs: list[tuple[str, Any]], config: OperatorConfig) -> lis
             continue
         if isinstance(obj, api.TrainingJob):
             objects.extend(render.render_trainingjob(obj, config))
+        elif isinstance(obj, api.ModelService):
+            objects.append(modelservice.desired_rayservice(obj, config, _offline_model_uri(obj, label)))
     if errors:
         raise SpecError(errors)
     return objects
+
+
+def _offline_model_uri(ms: api.ModelService, label: str) -> str:
+    """`model.uri`, or for `fromTrainingJob` a stand-in (the real URI is known once the job succeeds)."""
+    if ms.spec.model.uri:
+        return ms.spec.model.uri
+    ref = ms.spec.model.from_training_job
+    assert ref is not None
+    print(
+        f"note: {label}: model.fromTrainingJob is resolved by the operator once TrainingJob {ref.name} "
+        "succeeds; the RayService below shows a stand-in model URI",
+        file=sys.stderr,
+    )
+    return f"trainingjob://{ms.metadata.namespace or 'default'}/{ref.name}/{ref.checkpoint}"
 
 
 def _emit(objects: list[dict[str, Any]], output: str) -> str:
     if output == "json":
         payload = objects[0] if len(objects) == 1 else {"apiVersion": "v1", "kind": "List", "items": objects}
         return json.dumps(payload, indent=2) + "\n"
-    return yaml.safe_dump_all(objects, sort_keys=False, width=120)
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, width=120)
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -150,7 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"rayship {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("render", help="print the KubeRay objects a TrainingJob becomes (offline)")
+    p = sub.add_parser(
+        "render", help="print the KubeRay objects a TrainingJob or ModelService becomes (offline)"
+    )
     p.add_argument("-f", "--file", required=True, help="TrainingJob YAML/JSON file, or - for stdin")
     p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format")
     p.set_defaults(func=cmd_render)

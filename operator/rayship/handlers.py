@@ -12,12 +12,14 @@ from typing import Any
 
 import kopf
 
-from rayship import k8s, names, status
+from rayship import k8s, modelservice, names, status
 from rayship.config import OperatorConfig
 from rayship.reconcile import plan
 
 TRAININGJOBS = k8s.TRAININGJOBS
 RAYJOBS = k8s.RAYJOBS
+MODELSERVICES = k8s.MODELSERVICES
+RAYSERVICES = k8s.RAYSERVICES
 CONFLICT_RETRIES = 5
 
 log = logging.getLogger("rayship")
@@ -46,6 +48,74 @@ def trainingjob_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) ->
 @kopf.on.event(*RAYJOBS, labels={names.LABEL_TRAININGJOB: kopf.PRESENT})
 def rayjob_changed(namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any) -> None:
     sync(namespace, labels[names.LABEL_TRAININGJOB], memo.config)
+
+
+@kopf.on.resume(*MODELSERVICES, id="resume")
+@kopf.on.create(*MODELSERVICES, id="create")
+@kopf.on.update(*MODELSERVICES, id="update")
+def modelservice_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    sync_modelservice(namespace, name, memo.config)
+
+
+@kopf.on.event(*RAYSERVICES, labels={names.LABEL_MODELSERVICE: kopf.PRESENT})
+def rayservice_changed(namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any) -> None:
+    sync_modelservice(namespace, labels[names.LABEL_MODELSERVICE], memo.config)
+
+
+@kopf.on.event(*TRAININGJOBS)
+def trainingjob_for_services(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """A TrainingJob changed (or went away): the ModelServices that serve it re-resolve their model."""
+    for ms in k8s.list_namespaced(MODELSERVICES, namespace):
+        source = (ms.get("spec", {}).get("model") or {}).get("fromTrainingJob") or {}
+        if source.get("name") == name:
+            sync_modelservice(namespace, ms["metadata"]["name"], memo.config)
+
+
+def sync_modelservice(namespace: str, name: str, config: OperatorConfig) -> None:
+    """Resolve the model, bring the RayService in line, mirror its state; idempotent."""
+    for _attempt in range(CONFLICT_RETRIES):
+        ms = k8s.get(MODELSERVICES, namespace, name)
+        if ms is None or ms["metadata"].get("deletionTimestamp"):
+            return
+        source = (ms.get("spec", {}).get("model") or {}).get("fromTrainingJob") or {}
+        trainingjob = k8s.get(TRAININGJOBS, namespace, source["name"]) if source.get("name") else None
+        rayservice = k8s.get(RAYSERVICES, namespace, names.rayservice_name(name))
+        todo = modelservice.plan(ms, rayservice, trainingjob, config)
+        if todo.create is not None:
+            kopf.adopt(todo.create, owner=ms)
+            rayservice = k8s.create(RAYSERVICES, todo.create)
+            kopf.info(
+                ms,
+                reason="RayServiceCreated",
+                message=f"created RayService {todo.rayservice_name} serving {todo.desired_uri}",
+            )
+        if todo.patch is not None and rayservice is not None:
+            rayservice = k8s.patch(RAYSERVICES, namespace, todo.rayservice_name, todo.patch)
+            what = (
+                "new model (in-place Serve rollout)"
+                if "rayClusterConfig" not in todo.patch.get("spec", {})
+                else "new cluster config"
+            )
+            kopf.info(ms, reason="RayServiceUpdated", message=f"{what}: {todo.desired_uri}")
+        current = ms.get("status") or {}
+        desired = modelservice.derive(ms, rayservice, todo, datetime.now(UTC))
+        patch = status.owned_changes(current, desired)
+        if not patch:
+            return
+        try:
+            k8s.patch_status(MODELSERVICES, namespace, name, patch, ms["metadata"]["resourceVersion"])
+        except k8s.Conflict:
+            continue
+        if desired.get("phase") != current.get("phase"):
+            kind = "Warning" if desired["phase"] in ("Failed", "Invalid", "Degraded") else "Normal"
+            kopf.event(ms, type=kind, reason=str(desired["phase"]), message=_summary(desired))
+        return
+    raise kopf.TemporaryError(f"ModelService {namespace}/{name} kept changing; retrying", delay=2)
+
+
+def _summary(st: dict[str, Any]) -> str:
+    notes = [f"{c['type']}={c['status']} ({c['reason']}: {c['message']})" for c in st.get("conditions") or []]
+    return f"{st.get('phase')}: " + "; ".join(notes)
 
 
 def sync(namespace: str, name: str, config: OperatorConfig) -> None:

@@ -12,8 +12,11 @@ from kubernetes.client.exceptions import ApiException
 
 from rayship import api
 
-TRAININGJOBS = (api.GROUP, api.VERSION, "trainingjobs")
-RAYJOBS = ("ray.io", "v1", "rayjobs")
+Resource = tuple[str, str, str]  # (group, version, plural)
+TRAININGJOBS: Resource = (api.GROUP, api.VERSION, "trainingjobs")
+MODELSERVICES: Resource = (api.GROUP, api.VERSION, "modelservices")
+RAYJOBS: Resource = ("ray.io", "v1", "rayjobs")
+RAYSERVICES: Resource = ("ray.io", "v1", "rayservices")
 
 
 class Conflict(Exception):
@@ -34,7 +37,7 @@ def _custom() -> kubernetes.client.CustomObjectsApi:
     return kubernetes.client.CustomObjectsApi()
 
 
-def _get(resource: tuple[str, str, str], namespace: str, name: str) -> dict[str, Any] | None:
+def get(resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
     group, version, plural = resource
     try:
         return _custom().get_namespaced_custom_object(group, version, namespace, plural, name)
@@ -45,26 +48,35 @@ def _get(resource: tuple[str, str, str], namespace: str, name: str) -> dict[str,
 
 
 def get_trainingjob(namespace: str, name: str) -> dict[str, Any] | None:
-    return _get(TRAININGJOBS, namespace, name)
+    return get(TRAININGJOBS, namespace, name)
 
 
 def get_rayjob(namespace: str, name: str) -> dict[str, Any] | None:
-    return _get(RAYJOBS, namespace, name)
+    return get(RAYJOBS, namespace, name)
 
 
-def create_rayjob(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Create the RayJob; if it already exists (a concurrent reconcile won), return the stored one."""
-    group, version, plural = RAYJOBS
+def list_namespaced(resource: Resource, namespace: str) -> list[dict[str, Any]]:
+    group, version, plural = resource
+    return _custom().list_namespaced_custom_object(group, version, namespace, plural).get("items", [])
+
+
+def create(resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
+    """Create a custom object; if it already exists (a concurrent reconcile won), return the stored one."""
+    group, version, plural = resource
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     try:
         return _custom().create_namespaced_custom_object(group, version, namespace, plural, dict(body))
     except ApiException as err:
         if err.status != 409:
             raise
-    existing = get_rayjob(namespace, name)
+    existing = get(resource, namespace, name)
     if existing is None:
-        raise Conflict(f"RayJob {namespace}/{name} was reported to exist but is gone")
+        raise Conflict(f"{plural} {namespace}/{name} was reported to exist but is gone")
     return existing
+
+
+def create_rayjob(body: Mapping[str, Any]) -> dict[str, Any]:
+    return create(RAYJOBS, body)
 
 
 def ensure(body: Mapping[str, Any]) -> None:

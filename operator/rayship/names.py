@@ -14,6 +14,7 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_TRAININGJOB = f"{api.GROUP}/trainingjob"
+LABEL_MODELSERVICE = f"{api.GROUP}/modelservice"
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 
 # On a RayJob: the TrainingJob spec it was rendered from (canonical JSON), to tell edits apart.
@@ -39,6 +40,10 @@ def dns1035_name(name: str, max_length: int) -> str:
 
 def rayjob_name(trainingjob_name: str) -> str:
     return dns1035_name(trainingjob_name, MAX_RAYJOB_NAME)
+
+
+def rayservice_name(modelservice_name: str) -> str:
+    return dns1035_name(modelservice_name, MAX_RAYJOB_NAME)  # KubeRay: RayService names <= 47 too
 
 
 def workload_account(trainingjob_name: str) -> str:

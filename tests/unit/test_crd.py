@@ -15,7 +15,7 @@ from tests.conftest import ROOT, SAMPLES
 from tests.unit.bad_corpus import SPEC_CASES
 
 CRD_PATH = ROOT / "manifests" / "crds" / "trainingjobs.rayship.dev.yaml"
-GOOD = sorted(SAMPLES.glob("trainingjob-*.yaml")) + sorted((Path(__file__).parent / "specs").glob("*.yaml"))
+GOOD = sorted(SAMPLES.glob("*.yaml")) + sorted((Path(__file__).parent / "specs").glob("*.yaml"))
 
 
 def walk(schema: dict[str, Any], path: str = ""):
@@ -111,9 +111,10 @@ def test_cel_rules_are_in_the_crd(crd) -> None:
 
 
 @pytest.mark.parametrize("path", GOOD, ids=lambda p: p.stem)
-def test_crd_and_models_accept_the_samples(path: Path, trainingjob_validator) -> None:
+def test_crd_and_models_accept_the_samples(path: Path, trainingjob_validator, modelservice_validator) -> None:
     doc = yaml.safe_load(path.read_text())
-    assert trainingjob_validator.errors(doc) == []
+    validator = trainingjob_validator if doc["kind"] == "TrainingJob" else modelservice_validator
+    assert validator.errors(doc) == []
     parse(doc)
 
 

@@ -19,7 +19,11 @@ from tests.conftest import SAMPLES
 from tests.kuberay_rules import rayjob_violations
 
 GOLDEN = Path(__file__).parent / "golden"
-SPECS = sorted(SAMPLES.glob("trainingjob-*.yaml")) + sorted((Path(__file__).parent / "specs").glob("*.yaml"))
+SPECS = [
+    p
+    for p in sorted(SAMPLES.glob("*.yaml")) + sorted((Path(__file__).parent / "specs").glob("*.yaml"))
+    if yaml.safe_load(p.read_text())["kind"] == "TrainingJob"
+]
 CONFIG = OperatorConfig()
 
 

@@ -1,0 +1,328 @@
+"""ModelService: RayService rendering (golden, strict KubeRay schema, Ray's ServeDeploySchema), model
+resolution, in-place model rollouts vs cluster changes, status, and the bad-input corpus."""
+
+from __future__ import annotations
+
+import copy
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rayship import cli, modelservice, render_service
+from rayship.config import OperatorConfig
+from rayship.validation import SpecError, parse
+from tests.conftest import SAMPLES
+from tests.kuberay_rules import rayservice_violations
+
+GOLDEN = Path(__file__).parent / "golden"
+SAMPLE = SAMPLES / "modelservice-from-trainingjob.yaml"
+SPECS = [SAMPLE, Path(__file__).parent / "specs" / "modelservice-uri-cpu.yaml"]
+CONFIG = OperatorConfig()
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+URI = "/mnt/checkpoints/default.mlp-ddp/model"
+
+
+def load(path: Path = SAMPLE) -> dict[str, Any]:
+    doc = yaml.safe_load(path.read_text())
+    doc["metadata"].setdefault("generation", 1)
+    return doc
+
+
+def rendered(path: Path, uri: str = URI) -> dict[str, Any]:
+    return modelservice.desired_rayservice(parse(load(path)), CONFIG, uri)
+
+
+def serve_config(rayservice: dict[str, Any]) -> dict[str, Any]:
+    return yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda p: p.stem)
+def test_matches_golden(spec: Path) -> None:
+    golden = GOLDEN / f"{spec.stem}.rayservice.yaml"
+    text = yaml.safe_dump(rendered(spec), sort_keys=False, width=120)
+    if os.environ.get("RAYSHIP_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text(), (
+        f"render changed; review and run RAYSHIP_UPDATE_GOLDEN=1 ({golden.name})"
+    )
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda p: p.stem)
+def test_strictly_valid_and_obeys_kuberay_rules(spec: Path, rayservice_validator) -> None:
+    rayservice = rendered(spec)
+    assert rayservice_validator.errors(rayservice) == []
+    assert rayservice_violations(rayservice) == []
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda p: p.stem)
+def test_serve_config_is_valid_for_ray_and_the_app(spec: Path) -> None:
+    pytest.importorskip("ray.serve", reason="the workload stack is not installed: run `make setup`")
+    from ray.serve.schema import ServeDeploySchema
+
+    from rayship_workloads.serve import APP_NAME, ServeArgs  # noqa: F401
+
+    config = serve_config(rendered(spec))
+    ServeDeploySchema.model_validate(config)
+    (app,) = config["applications"]
+    args = ServeArgs.model_validate(app["args"])
+    assert args.model_uri == URI and args.route_prefix == app["route_prefix"]
+    assert app["import_path"] == render_service.IMPORT_PATH
+    module, _, attr = app["import_path"].partition(":")
+    assert callable(getattr(__import__(module, fromlist=[attr]), attr))
+
+
+def test_gpu_workers_cover_the_replicas() -> None:
+    rayservice = rendered(SAMPLE)
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    (group,) = cluster["workerGroupSpecs"]
+    assert (group["minReplicas"], group["maxReplicas"]) == (1, 4) and cluster[
+        "enableInTreeAutoscaling"
+    ] is True
+    container = group["template"]["spec"]["containers"][0]
+    assert (
+        container["resources"]["limits"]
+        == container["resources"]["requests"]
+        == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"}
+    )
+    assert group["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in group["template"][
+        "spec"
+    ]["tolerations"]
+    head = cluster["headGroupSpec"]
+    assert head["rayStartParams"] == {"num-cpus": "0"}
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in head["template"]["spec"]["containers"][0][
+        "env"
+    ]
+    (deployment,) = serve_config(rayservice)["applications"][0]["deployments"]
+    assert deployment["ray_actor_options"] == {"num_cpus": 4.0, "num_gpus": 1}
+    assert deployment["autoscaling_config"] == {
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "target_ongoing_requests": 5.0,
+    }
+
+
+def test_a_new_model_changes_only_serve_config() -> None:
+    before, after = rendered(SAMPLE, "s3://m/v1"), rendered(SAMPLE, "s3://m/v2")
+    assert before["spec"]["rayClusterConfig"] == after["spec"]["rayClusterConfig"]
+    assert before["spec"]["serveConfigV2"] != after["spec"]["serveConfigV2"]
+    assert (
+        before["metadata"]["annotations"]["rayship.dev/cluster-config-hash"]
+        == after["metadata"]["annotations"]["rayship.dev/cluster-config-hash"]
+    )
+
+
+def test_url() -> None:
+    assert render_service.service_url(parse(load())) == "http://mlp-serve-svc.default.svc:8000/mlp"
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+BAD: list[tuple[str, dict[str, Any], str]] = [
+    ("both-sources", {"model": {"uri": "s3://m", "fromTrainingJob": {"name": "x"}}}, "spec.model"),
+    ("no-source", {"model": {}}, "spec.model"),
+    ("min-over-max", {"replicas": {"min": 5, "max": 2}}, "spec.replicas"),
+    ("negative-gpus", {"resources": {"gpus": -1}}, "spec.resources.gpus"),
+    ("bad-route", {"routePrefix": "mlp"}, "spec.routePrefix"),
+    ("route-trailing-slash", {"routePrefix": "/mlp/"}, "spec.routePrefix"),
+    (
+        "bad-checkpoint-choice",
+        {"model": {"fromTrainingJob": {"name": "x", "checkpoint": "first"}}},
+        "spec.model.fromTrainingJob.checkpoint",
+    ),
+    ("bad-upgrade-strategy", {"upgradeStrategy": "Rolling"}, "spec.upgradeStrategy"),
+    ("incremental-without-options", {"upgradeStrategy": "NewClusterWithIncrementalUpgrade"}, "spec"),
+    ("zero-batch", {"batching": {"maxBatchSize": 0}}, "spec.batching.maxBatchSize"),
+    ("bad-memory", {"resources": {"memory": "16GB"}}, "spec.resources.memory"),
+    ("unknown-field", {"replica": 2}, "spec.replica"),
+]
+
+
+@pytest.mark.parametrize(("case", "change", "field"), BAD, ids=[b[0] for b in BAD])
+def test_bad_modelservice_is_rejected_by_cli_models_and_crd(
+    case, change, field, tmp_path, capsys, modelservice_validator
+) -> None:
+    doc = load()
+    doc["spec"].update(copy.deepcopy(change))
+    assert modelservice_validator.errors(doc), f"{case}: the CRD accepts it"
+    with pytest.raises(SpecError):
+        parse(doc)
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert cli.main(["render", "-f", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and field in err and "Traceback" not in err, err
+
+
+# --- resolution and planning -------------------------------------------------------------------
+
+
+def tj(phase: str | None, **checkpoint: str) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase} if phase else {}
+    if checkpoint:
+        status["checkpoint"] = checkpoint
+    return {"metadata": {"name": "mlp-ddp"}, "status": status}
+
+
+@pytest.mark.parametrize(
+    ("trainingjob", "served", "uri", "reason"),
+    [
+        (None, None, None, "TrainingJobNotFound"),
+        (tj("Running"), None, None, "TrainingJobNotSucceeded"),
+        (tj("Failed"), None, None, "TrainingJobFailed"),
+        (tj("Succeeded"), None, None, "NoExportedModel"),
+        (
+            tj("Succeeded", model="s3://m/latest", bestModel="s3://m/best"),
+            None,
+            "s3://m/latest",
+            "FromTrainingJob",
+        ),
+        (None, "s3://m/old", "s3://m/old", "TrainingJobDeleted"),
+        (tj("Running"), "s3://m/old", "s3://m/old", "TrainingJobNotSucceeded"),
+    ],
+)
+def test_resolve_model(trainingjob, served, uri, reason) -> None:
+    current = {"modelURI": served} if served else {}
+    found = modelservice.resolve_model(parse(load()), trainingjob, current)
+    assert (found.uri, found.reason) == (uri, reason)
+    assert "mlp-ddp" in found.message
+
+
+def test_best_checkpoint_choice() -> None:
+    doc = load()
+    doc["spec"]["model"]["fromTrainingJob"]["checkpoint"] = "best"
+    found = modelservice.resolve_model(
+        parse(doc), tj("Succeeded", model="s3://m/latest", bestModel="s3://m/best"), {}
+    )
+    assert found.uri == "s3://m/best"
+
+
+def test_plan_create_then_rollout_then_cluster_change() -> None:
+    ms = load()
+    done = tj("Succeeded", model="s3://m/v1")
+    first = modelservice.plan(ms, None, done, CONFIG)
+    assert first.create is not None and first.patch is None and first.desired_uri == "s3://m/v1"
+    stored = copy.deepcopy(first.create)
+    assert modelservice.plan(ms, stored, done, CONFIG).patch is None  # idempotent
+
+    rollout = modelservice.plan(ms, stored, tj("Succeeded", model="s3://m/v2"), CONFIG)
+    assert set(rollout.patch["spec"]) == {"serveConfigV2"}  # in place: rayClusterConfig untouched
+    assert rollout.patch["metadata"]["annotations"] == {"rayship.dev/model-uri": "s3://m/v2"}
+
+    bigger = copy.deepcopy(ms)
+    bigger["spec"]["resources"]["memory"] = "32Gi"
+    change = modelservice.plan(bigger, stored, done, CONFIG)
+    assert "rayClusterConfig" in change.patch["spec"] and "serveConfigV2" not in change.patch["spec"]
+
+
+def test_waiting_plan_creates_nothing() -> None:
+    waiting = modelservice.plan(load(), None, tj("Running"), CONFIG)
+    assert waiting.create is None and waiting.desired_uri is None
+
+
+# --- status ------------------------------------------------------------------------------------
+
+
+def rayservice_with(
+    ready: bool,
+    app_status: str,
+    *,
+    generation: int = 1,
+    observed: int = 1,
+    endpoints: int = 1,
+    uri: str = "s3://m/v1",
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "mlp", "generation": generation, "annotations": {"rayship.dev/model-uri": uri}},
+        "status": {
+            "observedGeneration": observed,
+            "numServeEndpoints": endpoints,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True" if ready else "False",
+                    "reason": "Initializing" if not ready else "Running",
+                }
+            ],
+            "activeServiceStatus": {"applicationStatuses": {"mlp": {"status": app_status}}},
+        },
+    }
+
+
+def derive(ms, rayservice, trainingjob, current=None):
+    ms = copy.deepcopy(ms)
+    if current:
+        ms["status"] = current
+    todo = modelservice.plan(ms, rayservice, trainingjob, CONFIG)
+    return modelservice.derive(ms, rayservice, todo, NOW)
+
+
+def by_type(st):
+    return {c["type"]: c for c in st["conditions"]}
+
+
+def test_status_waiting_deploying_ready() -> None:
+    ms = load()
+    waiting = derive(ms, None, tj("Running"))
+    assert waiting["phase"] == "WaitingForModel"
+    assert (
+        by_type(waiting)["ModelAvailable"]["message"]
+        == "waiting for TrainingJob mlp-ddp to succeed (it is Running)"
+    )
+
+    deploying = derive(ms, rayservice_with(False, "DEPLOYING"), tj("Succeeded", model="s3://m/v1"))
+    assert deploying["phase"] == "Deploying" and deploying.get("url") is None
+
+    ready = derive(ms, rayservice_with(True, "RUNNING", endpoints=2), tj("Succeeded", model="s3://m/v1"))
+    assert ready["phase"] == "Ready" and ready["readyReplicas"] == 2
+    assert ready["url"] == "http://mlp-serve-svc.default.svc:8000/mlp" and ready["modelURI"] == "s3://m/v1"
+    assert ready["targetModelURI"] is None and by_type(ready)["Upgrading"]["status"] == "False"
+
+
+def test_status_shows_old_and_new_model_until_the_new_one_is_ready() -> None:
+    ms = load()
+    ready = derive(ms, rayservice_with(True, "RUNNING"), tj("Succeeded", model="s3://m/v1"))
+    # the new serveConfigV2 was written (generation 2) but KubeRay has not reconciled it yet
+    rolling = derive(
+        ms,
+        rayservice_with(True, "RUNNING", generation=2, observed=1, uri="s3://m/v2"),
+        tj("Succeeded", model="s3://m/v2"),
+        ready,
+    )
+    assert rolling["modelURI"] == "s3://m/v1" and rolling["targetModelURI"] == "s3://m/v2"
+    assert by_type(rolling)["Upgrading"]["reason"] == "ModelRollout"
+    done = derive(
+        ms,
+        rayservice_with(True, "RUNNING", generation=2, observed=2, uri="s3://m/v2"),
+        tj("Succeeded", model="s3://m/v2"),
+        rolling,
+    )
+    assert done["modelURI"] == "s3://m/v2" and done["targetModelURI"] is None
+
+
+@pytest.mark.parametrize(
+    ("app_status", "phase"),
+    [("DEPLOY_FAILED", "Failed"), ("UNHEALTHY", "Degraded"), ("NOT_STARTED", "Deploying")],
+)
+def test_status_failures(app_status: str, phase: str) -> None:
+    st = derive(load(), rayservice_with(False, app_status), tj("Succeeded", model="s3://m/v1"))
+    assert st["phase"] == phase
+
+
+def test_deleted_trainingjob_keeps_the_service_and_says_so() -> None:
+    ms = load()
+    ready = derive(ms, rayservice_with(True, "RUNNING"), tj("Succeeded", model="s3://m/v1"))
+    after = derive(ms, rayservice_with(True, "RUNNING"), None, ready)
+    assert after["phase"] == "Ready" and after["modelURI"] == "s3://m/v1"
+    assert by_type(after)["ModelAvailable"]["reason"] == "TrainingJobDeleted"
+
+
+def test_invalid() -> None:
+    ms = load()
+    ms["spec"]["model"]["uri"] = "s3://x"  # both sources
+    st = derive(ms, None, None)
+    assert st["phase"] == "Invalid" and "spec.model" in by_type(st)["Valid"]["message"]
