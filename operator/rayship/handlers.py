@@ -84,8 +84,9 @@ def sync_modelservice(namespace: str, name: str, config: OperatorConfig) -> None
         if todo.create is not None:
             kopf.adopt(todo.create, owner=ms)
             rayservice = k8s.create(RAYSERVICES, todo.create)
-            kopf.info(
+            kopf.event(
                 ms,
+                type="Normal",
                 reason="RayServiceCreated",
                 message=f"created RayService {todo.rayservice_name} serving {todo.desired_uri}",
             )
@@ -96,7 +97,7 @@ def sync_modelservice(namespace: str, name: str, config: OperatorConfig) -> None
                 if "rayClusterConfig" not in todo.patch.get("spec", {})
                 else "new cluster config"
             )
-            kopf.info(ms, reason="RayServiceUpdated", message=f"{what}: {todo.desired_uri}")
+            kopf.event(ms, type="Normal", reason="RayServiceUpdated", message=f"{what}: {todo.desired_uri}")
         current = ms.get("status") or {}
         desired = modelservice.derive(ms, rayservice, todo, datetime.now(UTC))
         patch = status.owned_changes(current, desired)
@@ -132,11 +133,19 @@ def sync(namespace: str, name: str, config: OperatorConfig) -> None:
                 k8s.ensure(prerequisite)
             kopf.adopt(todo.create, owner=trainingjob)
             rayjob = k8s.create_rayjob(todo.create)
-            kopf.info(trainingjob, reason="RayJobCreated", message=f"created RayJob {todo.rayjob_name}")
+            kopf.event(
+                trainingjob,
+                type="Normal",
+                reason="RayJobCreated",
+                message=f"created RayJob {todo.rayjob_name}",
+            )
         if todo.rayjob_patch is not None:
             rayjob = k8s.patch_rayjob(namespace, todo.rayjob_name, todo.rayjob_patch)
-            kopf.info(
-                trainingjob, reason="RayJobUpdated", message=f"applied {sorted(todo.rayjob_patch['spec'])}"
+            kopf.event(
+                trainingjob,
+                type="Normal",
+                reason="RayJobUpdated",
+                message=f"applied {sorted(todo.rayjob_patch['spec'])}",
             )
         current = trainingjob.get("status") or {}
         desired = status.derive(replace(todo.observation, rayjob=rayjob), datetime.now(UTC))

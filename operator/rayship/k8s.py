@@ -88,20 +88,30 @@ def ensure(body: Mapping[str, Any]) -> None:
             raise
 
 
-def patch_rayjob(namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
-    group, version, plural = RAYJOBS
-    return _custom().patch_namespaced_custom_object(group, version, namespace, plural, name, dict(patch))
+def patch(resource: Resource, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    group, version, plural = resource
+    return _custom().patch_namespaced_custom_object(group, version, namespace, plural, name, dict(body))
 
 
-def patch_trainingjob_status(
-    namespace: str, name: str, patch: Mapping[str, Any], resource_version: str
+def patch_rayjob(namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    return patch(RAYJOBS, namespace, name, body)
+
+
+def patch_status(
+    resource: Resource, namespace: str, name: str, status: Mapping[str, Any], resource_version: str
 ) -> None:
     """Merge-patch the status subresource, only if the object is still at `resource_version`."""
-    group, version, plural = TRAININGJOBS
-    body = {"metadata": {"resourceVersion": resource_version}, "status": dict(patch)}
+    group, version, plural = resource
+    body = {"metadata": {"resourceVersion": resource_version}, "status": dict(status)}
     try:
         _custom().patch_namespaced_custom_object_status(group, version, namespace, plural, name, body)
     except ApiException as err:
         if err.status == 409:
-            raise Conflict(f"TrainingJob {namespace}/{name} changed while its status was computed") from None
+            raise Conflict(f"{plural} {namespace}/{name} changed while its status was computed") from None
         raise
+
+
+def patch_trainingjob_status(
+    namespace: str, name: str, status: Mapping[str, Any], resource_version: str
+) -> None:
+    patch_status(TRAININGJOBS, namespace, name, status, resource_version)
