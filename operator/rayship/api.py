@@ -434,7 +434,8 @@ class CheckpointStatus(ApiModel):
 
     latest: str | None = Field(None, description="URI of the latest checkpoint.")
     best: str | None = Field(None, description="URI of the best checkpoint by the job's metric.")
-    model: str | None = Field(None, description="URI of the exported model in the serving layout.")
+    model: str | None = Field(None, description="URI of the exported final model (serving layout).")
+    best_model: str | None = Field(None, description="URI of the exported model of the best checkpoint.")
 
 
 class TuningStatus(ApiModel):

@@ -142,7 +142,24 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     local = _workloads()
-    local.serve(args.model, port=args.port, route_prefix=args.route_prefix)
+    route_prefix, model = args.route_prefix, args.model
+    if args.file:
+        docs = list(load_documents(args.file))
+        if len(docs) != 1:
+            raise InputError(f"{args.file}: expected one ModelService, found {len(docs)} documents")
+        label, doc = docs[0]
+        try:
+            ms = parse(doc)
+        except SpecError as err:
+            raise SpecError([f"{label}: {p}" for p in err.problems]) from None
+        if not isinstance(ms, api.ModelService):
+            raise InputError(f"{label}: expected a ModelService, got {ms.kind}")
+        try:
+            model = local.resolve_model(ms.wire(), runs_dir=Path(args.runs_dir))
+        except FileNotFoundError as err:
+            raise InputError(f"{label}: {err}") from None
+        route_prefix = ms.spec.route_prefix
+    local.serve(model, port=args.port, route_prefix=route_prefix)
     return 0
 
 
@@ -190,10 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", default="rayship-runs", help="where checkpoints, metrics and the model go")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("serve", help="serve an exported model on local Ray (until Ctrl-C)")
-    p.add_argument(
-        "--model", required=True, help="model URI: a path, PVC path or s3:// prefix (see `rayship run`)"
+    p = sub.add_parser("serve", help="serve a ModelService or an exported model on local Ray (until Ctrl-C)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "-f", "--file", help="ModelService YAML (fromTrainingJob resolves against --runs-dir)"
     )
+    source.add_argument("--model", help="model URI: a path, PVC path or s3:// prefix (see `rayship run`)")
+    p.add_argument("--runs-dir", default="rayship-runs", help="where `rayship run` left its results")
     p.add_argument("--port", type=int, default=8000, help="HTTP port on 127.0.0.1")
     p.add_argument("--route-prefix", default="/", help="route prefix, e.g. /mnist")
     p.set_defaults(func=cmd_serve)

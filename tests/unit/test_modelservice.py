@@ -326,3 +326,22 @@ def test_invalid() -> None:
     ms["spec"]["model"]["uri"] = "s3://x"  # both sources
     st = derive(ms, None, None)
     assert st["phase"] == "Invalid" and "spec.model" in by_type(st)["Valid"]["message"]
+
+
+def test_local_serve_resolves_from_a_local_run(tmp_path: Path) -> None:
+    pytest.importorskip("ray", reason="the workload stack is not installed: run `make setup`")
+    import json
+
+    from rayship_workloads.local import resolve_model
+
+    ms = parse(load()).wire()
+    with pytest.raises(FileNotFoundError, match="TrainingJob mlp-ddp has no local run .*rayship run -f"):
+        resolve_model(ms, runs_dir=tmp_path)
+    (tmp_path / "mlp-ddp").mkdir()
+    (tmp_path / "mlp-ddp" / "result.json").write_text(
+        json.dumps({"model": "/m/latest", "bestModel": "/m/best"})
+    )
+    assert resolve_model(ms, runs_dir=tmp_path) == "/m/latest"
+    ms["spec"]["model"]["fromTrainingJob"]["checkpoint"] = "best"
+    assert resolve_model(ms, runs_dir=tmp_path) == "/m/best"
+    assert resolve_model({"spec": {"model": {"uri": "s3://x"}}}, runs_dir=tmp_path) == "s3://x"

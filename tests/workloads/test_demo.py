@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -16,10 +20,14 @@ from tests.conftest import SAMPLES
 pytestmark = pytest.mark.workloads
 
 
-def test_demo_trains_serves_and_predicts(tmp_path: Path) -> None:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def test_demo_trains_serves_and_predicts(tmp_path: Path) -> None:
+    port = free_port()
     proc = subprocess.run(
         [
             sys.executable,
@@ -49,3 +57,43 @@ def test_demo_trains_serves_and_predicts(tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "mlp-ddp"
     for artifact in ("metrics.json", "loss.png", "result.json"):
         assert (run_dir / artifact).stat().st_size > 0, artifact
+
+    # The ModelService sample serves that local run: fromTrainingJob resolves against --runs-dir.
+    serve_port = free_port()
+    log = (tmp_path / "serve.log").open("w+")
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rayship.cli",
+            "serve",
+            "-f",
+            str(SAMPLES / "modelservice-from-trainingjob.yaml"),
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--port",
+            str(serve_port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "RAY_ADDRESS": ""},
+    )
+    try:
+        health = None
+        for _ in range(240):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{serve_port}/mlp/healthz", timeout=1) as r:
+                    health = json.loads(r.read())
+                break
+            except OSError:
+                if server.poll() is not None:
+                    break
+
+                time.sleep(0.5)
+        log.seek(0)
+        assert health is not None, log.read()[-3000:]
+        result = json.loads((run_dir / "result.json").read_text())
+        assert health["model_uri"] == result["model"] and health["recipe"] == "mlp"
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=60)

@@ -135,6 +135,7 @@ def run(doc: dict[str, Any], *, runs_dir: Path = RUNS_DIR) -> dict[str, Any]:
         "latest": outcome.latest,
         "best": outcome.best,
         "model": outcome.model_uri,
+        "bestModel": outcome.best_model_uri,
         "metrics": outcome.metrics,
     }
     (out / "result.json").write_text(json.dumps(result, indent=2))
@@ -198,3 +199,24 @@ def demo(doc: dict[str, Any], *, runs_dir: Path = RUNS_DIR, port: int = 8000) ->
         ray_serve.shutdown()
         ray.shutdown()
         print("shut down: Serve and local Ray stopped", flush=True)
+
+
+def resolve_model(ms: dict[str, Any], *, runs_dir: Path = RUNS_DIR) -> str:
+    """A ModelService's model on this machine: `model.uri`, or the export of a local `rayship run`."""
+    source = ms["spec"]["model"]
+    if source.get("uri"):
+        return source["uri"]
+    ref = source["fromTrainingJob"]
+    result_file = (runs_dir / ref["name"] / "result.json").resolve()
+    if not result_file.is_file():
+        raise FileNotFoundError(
+            f"spec.model.fromTrainingJob: TrainingJob {ref['name']} has no local run ({result_file} is missing); "
+            "train it first with `rayship run -f <its yaml>`"
+        )
+    key = "model" if ref.get("checkpoint", "latest") == "latest" else "bestModel"
+    uri = json.loads(result_file.read_text()).get(key)
+    if not uri:
+        raise FileNotFoundError(
+            f"spec.model.fromTrainingJob: the local run of {ref['name']} exported no {key}"
+        )
+    return uri

@@ -34,6 +34,7 @@ class Outcome:
     latest: str | None
     best: str | None
     model_uri: str | None
+    best_model_uri: str | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
@@ -115,7 +116,7 @@ def build_trainer(
 
 
 def export(
-    checkpoint: ray.train.Checkpoint | None, doc: dict[str, Any], context: dict[str, Any]
+    checkpoint: ray.train.Checkpoint | None, doc: dict[str, Any], context: dict[str, Any], name: str = "model"
 ) -> str | None:
     """Write the model of `checkpoint` in the serving layout next to the checkpoints; its URI (None
     for bring-your-own loops, whose checkpoint format rayship does not know)."""
@@ -123,7 +124,7 @@ def export(
     recipe = spec["trainer"].get("recipe")
     if checkpoint is None or recipe is None:
         return None
-    target = storage.join(context["storage_root"], context["run_name"], "model")
+    target = storage.join(context["storage_root"], context["run_name"], name)
     with checkpoint.as_directory() as directory, tempfile.TemporaryDirectory() as tmp:
         state = strategies.full_state_dict(Path(directory), spec["trainer"]["strategy"])
         if recipe == "mlp":
@@ -155,11 +156,12 @@ def export_causal_lm(directory: Path, model_config: dict[str, Any], state: dict[
         models.write_manifest(directory, "causal-lm", model_config, tokenizer="bytes")
 
 
-def best_checkpoint(result: ray.train.Result, root: str) -> str | None:
+def best_checkpoint(result: ray.train.Result) -> ray.train.Checkpoint | None:
+    """The kept checkpoint with the lowest reported loss."""
     scored = [
         (m["loss"], c) for c, m in result.best_checkpoints or [] if isinstance(m.get("loss"), int | float)
     ]
-    return progress.checkpoint_uri(min(scored, key=lambda s: s[0])[1], root) if scored else None
+    return min(scored, key=lambda s: s[0])[1] if scored else None
 
 
 def train(doc: dict[str, Any], **options: Any) -> Outcome:
@@ -167,12 +169,19 @@ def train(doc: dict[str, Any], **options: Any) -> Outcome:
     result = trainer.fit()
     root = context["storage_root"]
     latest = progress.checkpoint_uri(result.checkpoint, root) if result.checkpoint else None
+    best = best_checkpoint(result)
+    model_uri = export(result.checkpoint, doc, context)
+    if best is None or result.checkpoint is None or best.path == result.checkpoint.path:
+        best_model_uri = model_uri
+    else:
+        best_model_uri = export(best, doc, context, name="model-best")
     return Outcome(
         run_name=run_name(doc),
         storage_root=root,
         latest=latest,
-        best=best_checkpoint(result, root),
-        model_uri=export(result.checkpoint, doc, context),
+        best=progress.checkpoint_uri(best, root) if best else None,
+        model_uri=model_uri,
+        best_model_uri=best_model_uri,
         metrics=dict(result.metrics or {}),
     )
 
@@ -192,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         from rayship_workloads import tune
 
         found = tune.search(doc)
-        summary = {"best": found.best_checkpoint, "model": found.model_uri}
+        summary = {"best": found.best_checkpoint, "model": found.model_uri, "bestModel": found.model_uri}
         status["tuning"] = {
             "trials": found.trials,
             "bestTrial": found.best_trial,
@@ -201,7 +210,12 @@ def main(argv: list[str] | None = None) -> int:
         }
     else:
         outcome = train(doc, trainingjob=trainingjob)
-        summary = {"latest": outcome.latest, "best": outcome.best, "model": outcome.model_uri}
+        summary = {
+            "latest": outcome.latest,
+            "best": outcome.best,
+            "model": outcome.model_uri,
+            "bestModel": outcome.best_model_uri,
+        }
     print(f"[rayship] done: {json.dumps({**summary, **status})}", flush=True)
     if trainingjob:
         status["checkpoint"] = {k: v for k, v in summary.items() if v}
