@@ -115,6 +115,7 @@ def run_kopf(
                 kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(emulator.kubeconfig_path)
             )
             runner = KopfRunner(args, registry=registry, reraise=False, timeout=30)
+            first_request = len(emulator.requests)
             try:
                 with runner:
                     yield runner
@@ -128,5 +129,11 @@ def run_kopf(
         if runner.exception is not None:
             raise AssertionError(f"kopf failed; its output:\n{runner.output}") from runner.exception
         assert runner.exit_code == 0, f"kopf exited with {runner.exit_code}; its output:\n{runner.output}"
+        # Every request made while the operator ran must be granted by the chart's RBAC rules.
+        from rayship.rbac import OPERATOR_RULES, allows
+
+        made = emulator.requests[first_request:] if module == "rayship.handlers" else []
+        denied = {r for r in made if not allows(OPERATOR_RULES, r.verb, r.group, r.resource, r.subresource)}
+        assert not denied, f"requests not granted by rayship.rbac.OPERATOR_RULES: {sorted(denied)}"
 
     return run

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import yaml
 from conftest import RESOURCES
-from kubernetes.client import CustomObjectsApi
 
 from tests.conftest import SAMPLES
 from tests.emulator import EVENTS, EmulatorHandle
@@ -33,10 +32,10 @@ def sample(name: str = "mlp-ddp", **spec_changes: Any) -> dict[str, Any]:
     return doc
 
 
-def apply(kube_api, doc: dict[str, Any]) -> dict[str, Any]:
-    return CustomObjectsApi(kube_api).create_namespaced_custom_object(
-        TJ.group, TJ.version, NS, TJ.plural, doc
-    )
+def apply(emulator: EmulatorHandle, doc: dict[str, Any]) -> dict[str, Any]:
+    """Create it as a user would (through the emulator's helper, so that only the operator's own
+    requests are recorded for the RBAC check)."""
+    return emulator.create(TJ, doc)
 
 
 def phase(emulator: EmulatorHandle, name: str = "mlp-ddp") -> str | None:
@@ -69,7 +68,7 @@ def requests(emulator: EmulatorHandle, verb: str, resource: str, subresource: st
 
 def test_round_trip_create_run_succeed_delete(emulator, kube_api, run_kopf) -> None:
     with run_kopf(OPERATOR):
-        created = apply(kube_api, sample())
+        created = apply(emulator, sample())
         rayjob = emulator.wait_for(lambda: emulator.get(RJ, NS, "mlp-ddp"))
 
         # The RayJob is owned by the TrainingJob, so it is garbage-collected with it.
@@ -147,7 +146,7 @@ def test_round_trip_create_run_succeed_delete(emulator, kube_api, run_kopf) -> N
 
 def test_failed_rayjob_fails_the_trainingjob_with_kuberays_reason(emulator, kube_api, run_kopf) -> None:
     with run_kopf(OPERATOR):
-        apply(kube_api, sample())
+        apply(emulator, sample())
         emulator.wait_for(lambda: emulator.get(RJ, NS, "mlp-ddp"))
         kuberay_sets(emulator, "mlp-ddp", jobDeploymentStatus="Running", jobStatus="RUNNING")
         wait_phase(emulator, "Running")
@@ -181,7 +180,7 @@ def test_invalid_trainingjob_is_reported_once_without_retries(emulator, kube_api
     bad = sample()
     bad["spec"]["trainer"]["entrypoint"] = "mypkg.train:loop"  # recipe and entrypoint both set
     with run_kopf(OPERATOR) as runner:
-        apply(kube_api, bad)
+        apply(emulator, bad)
         status = wait_phase(emulator, "Invalid")
         valid = condition(status, "Valid")
         assert valid["status"] == "False" and valid["reason"] == "InvalidSpec"
@@ -201,7 +200,7 @@ def test_fixing_an_invalid_spec_launches_the_job(emulator, kube_api, run_kopf) -
     bad = sample()
     bad["spec"]["trainer"]["entrypoint"] = "mypkg.train:loop"
     with run_kopf(OPERATOR):
-        apply(kube_api, bad)
+        apply(emulator, bad)
         wait_phase(emulator, "Invalid")
         emulator.patch(TJ, NS, "mlp-ddp", {"spec": {"trainer": {"entrypoint": None}}})
         emulator.wait_for(lambda: emulator.get(RJ, NS, "mlp-ddp"))
@@ -211,7 +210,7 @@ def test_fixing_an_invalid_spec_launches_the_job(emulator, kube_api, run_kopf) -
 
 def test_edits_after_launch_apply_suspend_and_report_the_rest(emulator, kube_api, run_kopf) -> None:
     with run_kopf(OPERATOR):
-        apply(kube_api, sample())
+        apply(emulator, sample())
         before = emulator.wait_for(lambda: emulator.get(RJ, NS, "mlp-ddp"))
         kuberay_sets(emulator, "mlp-ddp", jobDeploymentStatus="Running", jobStatus="RUNNING")
         wait_phase(emulator, "Running")
@@ -250,7 +249,7 @@ def test_edits_after_launch_apply_suspend_and_report_the_rest(emulator, kube_api
 
 def test_restart_is_idempotent(emulator, kube_api, run_kopf) -> None:
     with run_kopf(OPERATOR):
-        apply(kube_api, sample())
+        apply(emulator, sample())
         wait_phase(emulator, "Pending")
     first = copy.deepcopy(emulator.get(RJ, NS, "mlp-ddp"))
     with run_kopf(OPERATOR):
@@ -262,7 +261,7 @@ def test_restart_is_idempotent(emulator, kube_api, run_kopf) -> None:
 
 def test_finished_job_is_never_restarted(emulator, kube_api, run_kopf) -> None:
     with run_kopf(OPERATOR):
-        apply(kube_api, sample())
+        apply(emulator, sample())
         emulator.wait_for(lambda: emulator.get(RJ, NS, "mlp-ddp"))
         kuberay_sets(emulator, "mlp-ddp", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED")
         wait_phase(emulator, "Succeeded")

@@ -1,0 +1,51 @@
+"""What the operator may do in the cluster: the single source for the chart's (Cluster)Role.
+
+Least privilege: exactly the verbs the controller uses (every request the operator tests record
+is checked against these rules), no wildcards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rayship import api
+
+OPERATOR_RULES: list[dict[str, Any]] = [
+    {  # watch our resources; kopf keeps its bookkeeping in annotations (patch)
+        "apiGroups": [api.GROUP],
+        "resources": ["trainingjobs", "modelservices"],
+        "verbs": ["get", "list", "watch", "patch"],
+    },
+    {
+        "apiGroups": [api.GROUP],
+        "resources": ["trainingjobs/status", "modelservices/status"],
+        "verbs": ["get", "patch"],
+    },
+    {  # the KubeRay objects the operator owns
+        "apiGroups": ["ray.io"],
+        "resources": ["rayjobs", "rayservices"],
+        "verbs": ["get", "list", "watch", "create", "patch"],
+    },
+    {  # per-TrainingJob identity of the Ray pods (progress reporting)
+        "apiGroups": [""],
+        "resources": ["serviceaccounts"],
+        "verbs": ["create"],
+    },
+    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},  # kopf, cluster-wide
+    {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+]
+
+
+def allows(
+    rules: list[dict[str, Any]], verb: str, group: str, resource: str, subresource: str | None
+) -> bool:
+    """Whether an RBAC rule list grants one request (as the API server matches them)."""
+    full = f"{resource}/{subresource}" if subresource else resource
+    return any(
+        group in rule.get("apiGroups", [])
+        and full in rule.get("resources", [])
+        and verb in rule.get("verbs", [])
+        for rule in rules
+    )
