@@ -36,3 +36,7 @@ class OperatorConfig(BaseSettings):
         default_factory=dict, description="Node labels every GPU pod must match (JSON object)."
     )
     run_as_user: int = Field(1000, ge=1, description="Non-root UID of the Ray containers (ray image: 1000).")
+    metrics_port: int = Field(
+        0, ge=0, le=65535, description="Prometheus metrics port of the operator (0: off)."
+    )
+    log_level: str = Field("info", pattern="^(debug|info|warning)$", description="Operator log verbosity.")

@@ -12,7 +12,7 @@ from typing import Any
 
 import kopf
 
-from rayship import k8s, modelservice, names, status
+from rayship import k8s, metrics, modelservice, names, status
 from rayship.config import OperatorConfig
 from rayship.reconcile import plan
 
@@ -35,7 +35,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.posting.level = logging.WARNING  # our own Events say what happened; no handler chatter
     settings.watching.server_timeout = 270
     memo.config = OperatorConfig()
+    logging.getLogger("rayship").setLevel(memo.config.log_level.upper())
     k8s.configure()
+    metrics.serve(memo.config.metrics_port)
 
 
 @kopf.on.resume(*TRAININGJOBS, id="resume")
@@ -73,6 +75,12 @@ def trainingjob_for_services(namespace: str, name: str, memo: kopf.Memo, **_: An
 
 def sync_modelservice(namespace: str, name: str, config: OperatorConfig) -> None:
     """Resolve the model, bring the RayService in line, mirror its state; idempotent."""
+    metrics.RECONCILES.labels("ModelService").inc()
+    with metrics.RECONCILE_ERRORS.labels("ModelService").count_exceptions():
+        _sync_modelservice(namespace, name, config)
+
+
+def _sync_modelservice(namespace: str, name: str, config: OperatorConfig) -> None:
     for _attempt in range(CONFLICT_RETRIES):
         ms = k8s.get(MODELSERVICES, namespace, name)
         if ms is None or ms["metadata"].get("deletionTimestamp"):
@@ -108,6 +116,7 @@ def sync_modelservice(namespace: str, name: str, config: OperatorConfig) -> None
         except k8s.Conflict:
             continue
         if desired.get("phase") != current.get("phase"):
+            metrics.PHASE_TRANSITIONS.labels("ModelService", str(desired["phase"])).inc()
             kind = "Warning" if desired["phase"] in ("Failed", "Invalid", "Degraded") else "Normal"
             kopf.event(ms, type=kind, reason=str(desired["phase"]), message=_summary(desired))
         return
@@ -121,6 +130,12 @@ def _summary(st: dict[str, Any]) -> str:
 
 def sync(namespace: str, name: str, config: OperatorConfig) -> None:
     """Bring the RayJob and the TrainingJob status in line with the spec; idempotent."""
+    metrics.RECONCILES.labels("TrainingJob").inc()
+    with metrics.RECONCILE_ERRORS.labels("TrainingJob").count_exceptions():
+        _sync_trainingjob(namespace, name, config)
+
+
+def _sync_trainingjob(namespace: str, name: str, config: OperatorConfig) -> None:
     for _attempt in range(CONFLICT_RETRIES):
         trainingjob = k8s.get_trainingjob(namespace, name)
         if trainingjob is None or trainingjob["metadata"].get("deletionTimestamp"):
@@ -165,6 +180,7 @@ def _announce(trainingjob: dict[str, Any], current: dict[str, Any], desired: dic
     """A Kubernetes Event for each phase transition and each new spec-edit report."""
     phase = desired.get("phase")
     if phase != current.get("phase"):
+        metrics.PHASE_TRANSITIONS.labels("TrainingJob", str(phase)).inc()
         # Every phase condition carries the phase's reason and message; Invalid has only "Valid".
         cond = _condition(desired, "Valid" if phase == "Invalid" else "Running")
         kind = "Warning" if phase in ("Failed", "Invalid") else "Normal"

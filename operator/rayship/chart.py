@@ -1,0 +1,130 @@
+"""The Helm chart's values, as a model: it generates `values.schema.json` (unknown or mistyped values
+are rejected by helm) and the values table in the chart's README. `values.yaml` itself is written by
+hand, with a comment on every value, and a test checks it equals these defaults."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rayship import __version__
+from rayship.config import OperatorConfig
+
+
+class Values(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Image(Values):
+    repository: str = Field("rayship/rayship-operator", description="Operator image repository.")
+    tag: str = Field("", description="Image tag; empty means the chart's appVersion.")
+    pullPolicy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Image pull policy."
+    )
+
+
+class Crds(Values):
+    install: bool = Field(True, description="Install the TrainingJob and ModelService CRDs with the chart.")
+    keep: bool = Field(
+        True, description="Keep the CRDs (and so every TrainingJob/ModelService) on helm uninstall."
+    )
+
+
+class Defaults(Values):
+    workloadImage: str = Field(
+        OperatorConfig.model_fields["default_image"].default,
+        description="Default spec.image (must contain rayship_workloads).",
+    )
+    rayVersion: str = Field(
+        OperatorConfig.model_fields["default_ray_version"].default,
+        description="Ray version of that image (spec.rayVersion).",
+    )
+    gpuResource: str = Field("nvidia.com/gpu", description="Extended resource name of a GPU.")
+    gpuProductLabel: str = Field("nvidia.com/gpu.product", description="Node label naming the GPU model.")
+    gpuTolerations: list[dict[str, Any]] = Field(
+        default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        description="Tolerations added to every GPU pod.",
+    )
+    gpuNodeSelector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels every GPU pod must match."
+    )
+
+
+class ServiceMonitor(Values):
+    enabled: bool = Field(False, description="Create a Prometheus Operator ServiceMonitor.")
+    interval: str = Field("30s", description="Scrape interval.")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Extra labels (to match your Prometheus)."
+    )
+
+
+class Metrics(Values):
+    enabled: bool = Field(True, description="Serve Prometheus metrics and create the metrics Service.")
+    port: int = Field(9090, ge=1, le=65535, description="Metrics port.")
+    serviceMonitor: ServiceMonitor = Field(
+        default_factory=ServiceMonitor, description="ServiceMonitor settings."
+    )
+
+
+class ServiceAccount(Values):
+    create: bool = Field(True, description="Create the operator's ServiceAccount.")
+    name: str = Field("", description="Its name; empty means the release's full name.")
+
+
+class Resources(Values):
+    requests: dict[str, str] = Field(
+        default_factory=lambda: {"cpu": "100m", "memory": "256Mi"}, description="Requests."
+    )
+    limits: dict[str, str] = Field(default_factory=lambda: {"memory": "512Mi"}, description="Limits.")
+
+
+class ChartValues(Values):
+    image: Image = Field(default_factory=Image, description="Operator image.")
+    imagePullSecrets: list[dict[str, str]] = Field(
+        default_factory=list, description="Pull secrets, e.g. [{name: regcred}]."
+    )
+    watchNamespaces: list[str] = Field(
+        default_factory=list,
+        description="Namespaces to watch; empty watches all (ClusterRole), else namespaced Roles.",
+    )
+    crds: Crds = Field(default_factory=Crds, description="CRD installation.")
+    defaults: Defaults = Field(
+        default_factory=Defaults, description="Cluster-wide defaults the operator applies to specs."
+    )
+    metrics: Metrics = Field(default_factory=Metrics, description="Prometheus metrics.")
+    serviceAccount: ServiceAccount = Field(
+        default_factory=ServiceAccount, description="Operator ServiceAccount."
+    )
+    resources: Resources = Field(default_factory=Resources, description="Operator container resources.")
+    logLevel: Literal["debug", "info", "warning"] = Field("info", description="Operator log verbosity.")
+    nodeSelector: dict[str, str] = Field(default_factory=dict, description="Operator pod node selector.")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Operator pod tolerations.")
+    affinity: dict[str, Any] = Field(default_factory=dict, description="Operator pod affinity.")
+    podAnnotations: dict[str, str] = Field(
+        default_factory=dict, description="Extra operator pod annotations."
+    )
+
+
+def values_schema() -> dict[str, Any]:
+    schema = ChartValues.model_json_schema()
+    schema["$schema"] = "http://json-schema.org/draft-07/schema#"
+    schema["title"] = f"rayship {__version__} chart values"
+    return schema
+
+
+def values_table() -> str:
+    rows = ["| value | default | description |", "|---|---|---|"]
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        defaults = model().model_dump()
+        for name, field in model.model_fields.items():
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                walk(annotation, f"{prefix}{name}.")
+                continue
+            rows.append(f"| `{prefix}{name}` | `{json.dumps(defaults[name])}` | {field.description} |")
+
+    walk(ChartValues, "")
+    return "\n".join(rows)
