@@ -14,7 +14,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 ##@ Setup
 .PHONY: help setup tools
 help: ## show this help
-	@awk 'BEGIN {FS = ":.*##"} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z_-]+:.*##/ {printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*##"} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_-]+:.*##/ {printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 setup: $(BIN)/.installed tools ## create .venv with pinned dependencies, helm and kubectl
 
@@ -52,7 +52,7 @@ operator: setup ## run the operator against the current kube context
 	$(BIN)/rayship operator
 
 ##@ Test
-.PHONY: test test-unit test-operator test-workloads
+.PHONY: test test-unit test-operator test-workloads test-chart
 test: setup ## the whole suite (every tier; what CI runs)
 	$(PYTEST) -q
 
@@ -64,6 +64,31 @@ test-operator: setup ## kopf for real against the Kubernetes API emulator
 
 test-workloads: setup ## Ray Train / Ray Serve on local Ray (CPU; a few minutes)
 	$(PYTEST) -q tests/workloads
+
+test-chart: setup ## helm lint/template, strict validation for Kubernetes 1.30-1.35
+	$(PYTEST) -q tests/chart
+
+##@ Cluster (needs Docker and kind; not available on every machine)
+.PHONY: images kind-up e2e
+KIND_CLUSTER := rayship
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' operator/rayship/__init__.py)
+
+images: ## build the operator image and the workload image (GPU, and -cpu for kind)
+	docker build -f operator/Dockerfile -t rayship/rayship-operator:$(VERSION) .
+	docker build -f workloads/Dockerfile -t rayship/rayship-workloads:$(VERSION)-gpu .
+	docker build -f workloads/Dockerfile --build-arg RAY_IMAGE=rayproject/ray:2.60.0-py311 -t rayship/rayship-workloads:$(VERSION)-cpu .
+
+kind-up: setup images ## kind cluster + images + KubeRay 1.7.0 + rayship (from the chart)
+	kind create cluster --name $(KIND_CLUSTER)
+	kind load docker-image --name $(KIND_CLUSTER) rayship/rayship-operator:$(VERSION) rayship/rayship-workloads:$(VERSION)-cpu
+	$(BIN)/helm repo add kuberay https://ray-project.github.io/kuberay-helm/
+	$(BIN)/helm install kuberay-operator kuberay/kuberay-operator --version 1.7.0 --kube-context kind-$(KIND_CLUSTER) --wait
+	$(BIN)/helm install rayship charts/rayship -n rayship-system --create-namespace --kube-context kind-$(KIND_CLUSTER) \
+		--set defaults.workloadImage=rayship/rayship-workloads:$(VERSION)-cpu --wait
+	$(BIN)/kubectl --context kind-$(KIND_CLUSTER) apply -f - <<< '{"apiVersion":"v1","kind":"PersistentVolumeClaim","metadata":{"name":"rayship-checkpoints","namespace":"default"},"spec":{"accessModes":["ReadWriteOnce"],"resources":{"requests":{"storage":"1Gi"}}}}'
+
+e2e: setup ## the kind end-to-end tests (skipped, with the reason, where there is no cluster)
+	$(PYTEST) -q -m e2e tests/e2e
 
 ##@ Generated files
 .PHONY: generate verify lint
