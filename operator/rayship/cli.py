@@ -117,18 +117,23 @@ def _workloads() -> Any:
     return local
 
 
-def _one_trainingjob(path: str) -> dict[str, Any]:
+def _one(path: str, model: type[api.ApiModel]) -> api.ApiModel:
+    """The single document in `path`, validated, which must be of `model`'s kind."""
     docs = list(load_documents(path))
     if len(docs) != 1:
-        raise InputError(f"{path}: expected one TrainingJob, found {len(docs)} documents")
+        raise InputError(f"{path}: expected one {model.__name__}, found {len(docs)} documents")
     label, doc = docs[0]
     try:
         obj = parse(doc)
     except SpecError as err:
         raise SpecError([f"{label}: {p}" for p in err.problems]) from None
-    if not isinstance(obj, api.TrainingJob):
-        raise InputError(f"{label}: expected a TrainingJob, got {obj.kind}")
-    resolved = obj.wire()
+    if not isinstance(obj, model):
+        raise InputError(f"{label}: expected a {model.__name__}, got {obj.kind}")
+    return obj
+
+
+def _one_trainingjob(path: str) -> dict[str, Any]:
+    resolved = _one(path, api.TrainingJob).wire()
     resolved.pop("status", None)
     return resolved
 
@@ -144,16 +149,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     local = _workloads()
     route_prefix, model = args.route_prefix, args.model
     if args.file:
-        docs = list(load_documents(args.file))
-        if len(docs) != 1:
-            raise InputError(f"{args.file}: expected one ModelService, found {len(docs)} documents")
-        label, doc = docs[0]
-        try:
-            ms = parse(doc)
-        except SpecError as err:
-            raise SpecError([f"{label}: {p}" for p in err.problems]) from None
-        if not isinstance(ms, api.ModelService):
-            raise InputError(f"{label}: expected a ModelService, got {ms.kind}")
+        ms = _one(args.file, api.ModelService)
+        assert isinstance(ms, api.ModelService)
+        label = args.file
         try:
             model = local.resolve_model(ms.wire(), runs_dir=Path(args.runs_dir))
         except FileNotFoundError as err:
