@@ -16,7 +16,7 @@ import yaml
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from rayship import __version__, api, modelservice, render
+from rayship import __version__, api, modelservice, render, yamlio
 from rayship.config import OperatorConfig
 from rayship.validation import SpecError, parse
 
@@ -48,7 +48,7 @@ def load_documents(path: str) -> Iterator[tuple[str, Any]]:
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a text file (expected YAML or JSON)") from None
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in yamlio.load_all(text) if d is not None]
     except yaml.YAMLError as err:
         where = getattr(err, "problem_mark", None)
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""

@@ -123,3 +123,15 @@ def test_usage_error_exits_2() -> None:
         [sys.executable, "-m", "rayship.cli", "render"], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 2 and "-f/--file" in proc.stderr
+
+
+def test_yaml_numbers_are_read_as_kubernetes_reads_them(tmp_path: Path, capsys) -> None:
+    """`2e-5` is a float in YAML 1.2 (Kubernetes) but a string in PyYAML's YAML 1.1."""
+    text = SAMPLE.read_text().replace("learningRate: 0.01", "learningRate: 2e-5")
+    assert "2e-5" in text
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    code, out, err = run(capsys, "render", "-f", str(path), "-o", "json")
+    assert code == 0, err
+    rayjob = json.loads(out)["items"][-1]
+    assert '"learningRate":2e-05' in rayjob["spec"]["entrypoint"]

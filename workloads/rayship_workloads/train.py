@@ -39,11 +39,11 @@ class Outcome:
 
 
 def load_spec(value: str) -> dict[str, Any]:
-    """A TrainingJob from a JSON string or a YAML/JSON file, validated; the resolved wire dict."""
-    import yaml
+    """A TrainingJob from a JSON string (the RayJob entrypoint) or a YAML/JSON file, validated; the
+    resolved wire dict."""
+    from rayship import yamlio
 
-    text = value if value.lstrip().startswith("{") else Path(value).read_text()
-    doc = yaml.safe_load(text)
+    doc = json.loads(value) if value.lstrip().startswith("{") else yamlio.load(Path(value).read_text())
     tj = parse_trainingjob(doc)
     resolved = tj.model_dump(mode="json", by_alias=True, exclude_none=True)
     resolved.pop("status", None)
