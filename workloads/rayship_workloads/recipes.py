@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,29 @@ def report(strategy: Strategy, *, epoch: int, step: int, metrics: dict[str, floa
         )
 
 
+def run_epochs(
+    strategy: Strategy,
+    spec: dict[str, Any],
+    *,
+    start_epoch: int,
+    step: int,
+    losses: Callable[[], Iterator[torch.Tensor]],
+    on_epoch_end: EpochHook | None,
+) -> None:
+    """The epochs after `start_epoch`: a step per batch loss, then a report (mean loss over the
+    epoch), with a checkpoint every `checkpoint.everyEpochs` epochs and after the last one."""
+    epochs, every = spec["trainer"]["epochs"], spec["checkpoint"]["everyEpochs"]
+    for epoch in range(start_epoch + 1, epochs + 1):
+        total, batches = 0.0, 0
+        for loss in losses():
+            strategy.step(loss)
+            total, batches, step = total + loss.item(), batches + 1, step + 1
+        metrics = {"loss": total / max(batches, 1), "resumed_from_epoch": start_epoch}
+        report(strategy, epoch=epoch, step=step, metrics=metrics, save=epoch % every == 0 or epoch == epochs)
+        if on_epoch_end is not None:
+            on_epoch_end(epoch)
+
+
 def mlp_config(n_features: int, config: dict[str, Any]) -> dict[str, Any]:
     return {"in_features": n_features, "hidden": list(config.get("hidden", [64, 64])), "out_features": 1}
 
@@ -69,7 +92,7 @@ def mlp_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None) -> N
     """Tabular regression with an MLP (mean squared error)."""
     rayship = config["rayship"]
     spec, features = rayship["spec"], rayship["features"]
-    trainer, every = spec["trainer"], spec["checkpoint"]["everyEpochs"]
+    trainer = spec["trainer"]
     label = config.get("label", data.LABEL)
     device = ray.train.torch.get_device()
 
@@ -85,19 +108,13 @@ def mlp_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None) -> N
     start_epoch, step = resume(strategy)
 
     # [4] train, and report every epoch (checkpointing every `everyEpochs` and at the end)
-    for epoch in range(start_epoch + 1, trainer["epochs"] + 1):
-        total, batches = 0.0, 0
+    def losses() -> Iterator[torch.Tensor]:
         for batch in shard.iter_torch_batches(batch_size=trainer["batchSizePerWorker"], dtypes=torch.float32):
             x = torch.stack([batch[c] for c in features], dim=1).to(device, strategy.dtype)
             y = batch[label].to(device).unsqueeze(1)
-            loss = F.mse_loss(strategy.model(x).float(), y)
-            strategy.step(loss)
-            total, batches, step = total + loss.item(), batches + 1, step + 1
-        save = epoch % every == 0 or epoch == trainer["epochs"]
-        metrics = {"loss": total / max(batches, 1), "resumed_from_epoch": start_epoch}
-        report(strategy, epoch=epoch, step=step, metrics=metrics, save=save)
-        if on_epoch_end is not None:
-            on_epoch_end(epoch)
+            yield F.mse_loss(strategy.model(x).float(), y)
+
+    run_epochs(strategy, spec, start_epoch=start_epoch, step=step, losses=losses, on_epoch_end=on_epoch_end)
 
 
 # causal-lm: a Hugging Face AutoModelForCausalLM. On a cluster, `config.model_path` names a local/PVC
@@ -163,7 +180,7 @@ def causal_lm_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None
     """Next-token prediction on a `text` column."""
     rayship = config["rayship"]
     spec = rayship["spec"]
-    trainer, every = spec["trainer"], spec["checkpoint"]["everyEpochs"]
+    trainer = spec["trainer"]
     device = ray.train.torch.get_device()
     tokens = Tokens(rayship["model_config"], int(config.get("max_length", 64)))
 
@@ -180,18 +197,12 @@ def causal_lm_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None
     start_epoch, step = resume(strategy)
 
     # [4] train, and report every epoch
-    for epoch in range(start_epoch + 1, trainer["epochs"] + 1):
-        total, batches = 0.0, 0
+    def losses() -> Iterator[torch.Tensor]:
         for batch in shard.iter_batches(batch_size=trainer["batchSizePerWorker"], batch_format="numpy"):
             inputs = {k: v.to(device) for k, v in tokens([str(t) for t in batch[data.TEXT]]).items()}
-            loss = strategy.model(**inputs).loss
-            strategy.step(loss)
-            total, batches, step = total + loss.item(), batches + 1, step + 1
-        save = epoch % every == 0 or epoch == trainer["epochs"]
-        metrics = {"loss": total / max(batches, 1), "resumed_from_epoch": start_epoch}
-        report(strategy, epoch=epoch, step=step, metrics=metrics, save=save)
-        if on_epoch_end is not None:
-            on_epoch_end(epoch)
+            yield strategy.model(**inputs).loss
+
+    run_epochs(strategy, spec, start_epoch=start_epoch, step=step, losses=losses, on_epoch_end=on_epoch_end)
 
 
 RECIPES: dict[str, Callable[[dict[str, Any]], None]] = {"mlp": mlp_loop, "causal-lm": causal_lm_loop}
