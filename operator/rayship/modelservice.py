@@ -17,7 +17,7 @@ from typing import Any
 
 from rayship import api, names, render, render_service
 from rayship.config import OperatorConfig
-from rayship.status import rfc3339
+from rayship.status import condition
 from rayship.validation import SpecError, parse
 
 ANNOTATION_CLUSTER_HASH = f"{api.GROUP}/cluster-config-hash"
@@ -130,28 +130,6 @@ def plan(
 # --- status ------------------------------------------------------------------------------------
 
 
-def _condition(
-    current: Mapping[str, Any],
-    type_: str,
-    ok: bool,
-    reason: str,
-    message: str,
-    generation: int,
-    now: datetime,
-) -> dict:
-    previous = {c.get("type"): c for c in current.get("conditions") or []}.get(type_, {})
-    value = "True" if ok else "False"
-    keep = previous.get("status") == value and previous.get("lastTransitionTime")
-    return {
-        "type": type_,
-        "status": value,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": previous["lastTransitionTime"] if keep else rfc3339(now),
-        "observedGeneration": generation,
-    }
-
-
 def _k8s_condition(rayservice: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
     conditions = (rayservice.get("status") or {}).get("conditions") or []
     return next((c for c in conditions if c.get("type") == type_), {})
@@ -180,7 +158,7 @@ def derive(
     current = modelservice.get("status") or {}
     generation = modelservice["metadata"].get("generation", 0)
     app = modelservice["metadata"]["name"]
-    cond = lambda *a: _condition(current, *a, generation, now)  # noqa: E731
+    cond = lambda *a: condition(current, *a, generation, now)  # noqa: E731
     if plan_.invalid is not None and rayservice is None:
         return {
             "phase": "Invalid",

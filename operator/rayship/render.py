@@ -13,7 +13,7 @@ from typing import Any
 from rayship import api, names
 from rayship.config import OperatorConfig
 
-RAYJOB_API_VERSION = "ray.io/v1"
+RAY_API_VERSION = "ray.io/v1"
 TRAIN_MODULE = "rayship_workloads.train"
 WORKER_GROUP = "gpu-workers"
 HEAD_CONTAINER = "ray-head"
@@ -76,7 +76,8 @@ def _pod_security_context(config: OperatorConfig) -> dict[str, Any]:
     }
 
 
-def _env(ref: str, gpus: int, user_env: list[api.EnvVar], ref_var: str) -> list[dict[str, Any]]:
+def container_env(ref: str, gpus: int, user_env: list[api.EnvVar], ref_var: str) -> list[dict[str, Any]]:
+    """`ref_var=<namespace>/<name>` of the owning resource, GPU hiding, then the user's env."""
     env: list[dict[str, Any]] = [{"name": ref_var, "value": ref}]
     if gpus == 0:
         # Without this, the NVIDIA runtime exposes every GPU of the node to a pod that asked for none.
@@ -85,7 +86,7 @@ def _env(ref: str, gpus: int, user_env: list[api.EnvVar], ref_var: str) -> list[
     return env
 
 
-def _object_ref(meta: api.ObjectMeta) -> str:
+def object_ref(meta: api.ObjectMeta) -> str:
     return f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name
 
 
@@ -166,7 +167,7 @@ def _tj_pod(
         memory=memory,
         gpus=gpus,
         labels=labels,
-        env=_env(_object_ref(tj.metadata), gpus, tj.spec.env, names.ENV_TRAININGJOB),
+        env=container_env(object_ref(tj.metadata), gpus, tj.spec.env, names.ENV_TRAININGJOB),
         volumes=_checkpoint_volumes(tj),
         node_selector=node_selector,
         tolerations=tolerations,
@@ -267,7 +268,7 @@ def build_rayjob(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
     if spec.scheduling.queue:
         metadata["labels"][names.LABEL_KUEUE_QUEUE] = spec.scheduling.queue
     metadata["annotations"] = {names.ANNOTATION_SPEC: canonical_json(tj.spec.wire())}
-    return {"apiVersion": RAYJOB_API_VERSION, "kind": "RayJob", "metadata": metadata, "spec": rayjob_spec}
+    return {"apiVersion": RAY_API_VERSION, "kind": "RayJob", "metadata": metadata, "spec": rayjob_spec}
 
 
 def _submitter_template(tj: api.TrainingJob, config: OperatorConfig, labels: dict[str, str]) -> dict:

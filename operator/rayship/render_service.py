@@ -71,13 +71,10 @@ def ray_cluster_config(ms: api.ModelService, config: OperatorConfig) -> dict[str
     spec, res = ms.spec, ms.spec.resources
     image = spec.image or config.default_image
     labels = names.labels("ModelService", ms.metadata.name, "serving")
-    ref = f"{ms.metadata.namespace}/{ms.metadata.name}" if ms.metadata.namespace else ms.metadata.name
+    ref = render.object_ref(ms.metadata)
 
     def env(gpus: int) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = [{"name": ENV_MODELSERVICE, "value": ref}]
-        if gpus == 0:
-            out.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})
-        return out + [e.wire() for e in spec.env]
+        return render.container_env(ref, gpus, spec.env, ENV_MODELSERVICE)
 
     selector, tolerations = render.gpu_placement(
         config, res.gpus, res.gpu_product, res.node_selector, res.tolerations
@@ -134,7 +131,7 @@ def build_rayservice(ms: api.ModelService, config: OperatorConfig, model_uri: st
     if spec.upgrade_options is not None:
         upgrade["clusterUpgradeOptions"] = spec.upgrade_options.wire()
     return {
-        "apiVersion": render.RAYJOB_API_VERSION,
+        "apiVersion": render.RAY_API_VERSION,
         "kind": "RayService",
         "metadata": metadata,
         "spec": {

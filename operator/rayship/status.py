@@ -107,9 +107,18 @@ def phase_of(rayjob_status: Mapping[str, Any]) -> tuple[str, str, str]:
     return phase, reason, message or ""
 
 
-def _condition(type_: str, status: bool, reason: str, message: str, obs: Observation, now: datetime) -> dict:
-    previous = {c.get("type"): c for c in obs.current.get("conditions") or []}.get(type_, {})
-    value = "True" if status else "False"
+def condition(
+    current: Mapping[str, Any],
+    type_: str,
+    ok: bool,
+    reason: str,
+    message: str,
+    generation: int,
+    now: datetime,
+) -> dict[str, Any]:
+    """A metav1.Condition; its lastTransitionTime is kept from `current` while its status is unchanged."""
+    previous = {c.get("type"): c for c in current.get("conditions") or []}.get(type_, {})
+    value = "True" if ok else "False"
     return {
         "type": type_,
         "status": value,
@@ -118,8 +127,12 @@ def _condition(type_: str, status: bool, reason: str, message: str, obs: Observa
         "lastTransitionTime": previous["lastTransitionTime"]
         if previous.get("status") == value and previous.get("lastTransitionTime")
         else rfc3339(now),
-        "observedGeneration": obs.generation,
+        "observedGeneration": generation,
     }
+
+
+def _condition(type_: str, ok: bool, reason: str, message: str, obs: Observation, now: datetime) -> dict:
+    return condition(obs.current, type_, ok, reason, message, obs.generation, now)
 
 
 def derive(obs: Observation, now: datetime) -> dict[str, Any]:
