@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import celpy
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -138,6 +138,24 @@ class EnvVar(ApiModel):
     value_from: EnvValueFrom | None = Field(None, description="Value from a Secret key.")
 
 
+# Where GPU worker pods go: shared by TrainingJob workers and ModelService replicas.
+GpuProduct = Annotated[
+    str | None,
+    Field(
+        pattern=LABEL_VALUE_PATTERN,
+        max_length=63,
+        description="Required GPU model (value of the node label nvidia.com/gpu.product).",
+    ),
+]
+NodeSelector = Annotated[
+    dict[str, str], Field(default_factory=dict, description="Extra node labels the worker pods must match.")
+]
+Tolerations = Annotated[
+    list[Toleration],
+    Field(default_factory=list, max_length=32, description="Extra tolerations for the worker pods."),
+]
+
+
 # --- TrainingJob spec --------------------------------------------------------------------------
 
 
@@ -232,18 +250,9 @@ class WorkersSpec(ApiModel):
     memory_per_worker: str = Field(
         "16Gi", pattern=QUANTITY_PATTERN, description="Memory per worker pod (Kubernetes quantity)."
     )
-    gpu_product: str | None = Field(
-        None,
-        pattern=LABEL_VALUE_PATTERN,
-        max_length=63,
-        description="Required GPU model (value of the node label nvidia.com/gpu.product).",
-    )
-    node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Extra node labels the worker pods must match."
-    )
-    tolerations: list[Toleration] = Field(
-        default_factory=list, max_length=32, description="Extra tolerations for the worker pods."
-    )
+    gpu_product: GpuProduct = None
+    node_selector: NodeSelector
+    tolerations: Tolerations
 
 
 class HeadSpec(ApiModel):
@@ -548,18 +557,9 @@ class ServeResources(ApiModel):
     memory: str = Field(
         "16Gi", pattern=QUANTITY_PATTERN, description="Memory per replica (Kubernetes quantity)."
     )
-    gpu_product: str | None = Field(
-        None,
-        pattern=LABEL_VALUE_PATTERN,
-        max_length=63,
-        description="Required GPU model (node label nvidia.com/gpu.product).",
-    )
-    node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Extra node labels the worker pods must match."
-    )
-    tolerations: list[Toleration] = Field(
-        default_factory=list, max_length=32, description="Extra tolerations for the worker pods."
-    )
+    gpu_product: GpuProduct = None
+    node_selector: NodeSelector
+    tolerations: Tolerations
 
 
 class Batching(ApiModel):
