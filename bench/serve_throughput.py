@@ -26,22 +26,14 @@ import os
 import shutil
 import socket
 import statistics
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-_TMP = tempfile.mkdtemp(prefix="rs-bench-", dir="/tmp")  # short: Ray's socket paths are limited
-os.environ.update(
-    {
-        "RAY_AUTH_MODE": "disabled",
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "HOME": _TMP,
-        "TMPDIR": _TMP,
-        "RAY_DEDUP_LOGS": "0",
-    }
-)
+from rayship_workloads.local import private_ray_environment
+
+_TMP = private_ray_environment("rs-bench-")
 
 import ray  # noqa: E402  (after the environment above)
 import torch  # noqa: E402

@@ -60,16 +60,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-_TMP = tempfile.mkdtemp(prefix="rb-", dir="/tmp")  # short: Ray's socket paths are limited
-os.environ.update(
-    {
-        "RAY_AUTH_MODE": "disabled",
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "HOME": _TMP,
-        "TMPDIR": _TMP,
-        "RAY_DEDUP_LOGS": "0",
-    }
-)
+from rayship_workloads.local import private_ray_environment
+
+_TMP = private_ray_environment("rb-")
 
 import psutil  # noqa: E402
 import ray  # noqa: E402

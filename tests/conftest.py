@@ -25,35 +25,36 @@ def kuberay_crds_dir() -> Path | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def rayjob_validator() -> StrictValidator:
+def _kuberay_validator(filename: str) -> StrictValidator:
     crds = kuberay_crds_dir()
     if crds is None:
         pytest.skip(KUBERAY_HINT)
-    return StrictValidator(load_crd_schema(crds / "ray.io_rayjobs.yaml", "v1"))
+    return StrictValidator(load_crd_schema(crds / filename, "v1"))
 
 
-@pytest.fixture(scope="session")
-def trainingjob_validator() -> StrictValidator:
+def _rayship_validator(plural: str) -> StrictValidator:
     from rayship import api
 
     return StrictValidator(
-        load_crd_schema(ROOT / "manifests" / "crds" / "trainingjobs.rayship.dev.yaml", api.VERSION)
+        load_crd_schema(ROOT / "manifests" / "crds" / f"{plural}.{api.GROUP}.yaml", api.VERSION)
     )
 
 
 @pytest.fixture(scope="session")
-def modelservice_validator() -> StrictValidator:
-    from rayship import api
-
-    return StrictValidator(
-        load_crd_schema(ROOT / "manifests" / "crds" / "modelservices.rayship.dev.yaml", api.VERSION)
-    )
+def rayjob_validator() -> StrictValidator:
+    return _kuberay_validator("ray.io_rayjobs.yaml")
 
 
 @pytest.fixture(scope="session")
 def rayservice_validator() -> StrictValidator:
-    crds = kuberay_crds_dir()
-    if crds is None:
-        pytest.skip(KUBERAY_HINT)
-    return StrictValidator(load_crd_schema(crds / "ray.io_rayservices.yaml", "v1"))
+    return _kuberay_validator("ray.io_rayservices.yaml")
+
+
+@pytest.fixture(scope="session")
+def trainingjob_validator() -> StrictValidator:
+    return _rayship_validator("trainingjobs")
+
+
+@pytest.fixture(scope="session")
+def modelservice_validator() -> StrictValidator:
+    return _rayship_validator("modelservices")

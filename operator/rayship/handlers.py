@@ -5,7 +5,9 @@ Run with `rayship operator` or `kopf run --standalone -m rayship.handlers`.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -73,14 +75,27 @@ def trainingjob_for_services(namespace: str, name: str, memo: kopf.Memo, **_: An
             sync_modelservice(namespace, ms["metadata"]["name"], memo.config)
 
 
+Sync = Callable[[str, str, OperatorConfig], None]
+
+
+def counted(kind: str) -> Callable[[Sync], Sync]:
+    """Count a reconciler's runs and the runs that raised (to be retried), per kind."""
+
+    def wrap(reconcile: Sync) -> Sync:
+        @functools.wraps(reconcile)
+        def run(namespace: str, name: str, config: OperatorConfig) -> None:
+            metrics.RECONCILES.labels(kind).inc()
+            with metrics.RECONCILE_ERRORS.labels(kind).count_exceptions():
+                reconcile(namespace, name, config)
+
+        return run
+
+    return wrap
+
+
+@counted("ModelService")
 def sync_modelservice(namespace: str, name: str, config: OperatorConfig) -> None:
     """Resolve the model, bring the RayService in line, mirror its state; idempotent."""
-    metrics.RECONCILES.labels("ModelService").inc()
-    with metrics.RECONCILE_ERRORS.labels("ModelService").count_exceptions():
-        _sync_modelservice(namespace, name, config)
-
-
-def _sync_modelservice(namespace: str, name: str, config: OperatorConfig) -> None:
     for _attempt in range(CONFLICT_RETRIES):
         ms = k8s.get(MODELSERVICES, namespace, name)
         if ms is None or ms["metadata"].get("deletionTimestamp"):
@@ -128,14 +143,9 @@ def _summary(st: dict[str, Any]) -> str:
     return f"{st.get('phase')}: " + "; ".join(notes)
 
 
+@counted("TrainingJob")
 def sync(namespace: str, name: str, config: OperatorConfig) -> None:
     """Bring the RayJob and the TrainingJob status in line with the spec; idempotent."""
-    metrics.RECONCILES.labels("TrainingJob").inc()
-    with metrics.RECONCILE_ERRORS.labels("TrainingJob").count_exceptions():
-        _sync_trainingjob(namespace, name, config)
-
-
-def _sync_trainingjob(namespace: str, name: str, config: OperatorConfig) -> None:
     for _attempt in range(CONFLICT_RETRIES):
         trainingjob = k8s.get_trainingjob(namespace, name)
         if trainingjob is None or trainingjob["metadata"].get("deletionTimestamp"):

@@ -6,25 +6,16 @@ a small object store, and HOME/TMPDIR in a short private directory (Ray's socket
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 pytest.importorskip("ray", reason="the workload stack is not installed: run `make setup`")
 
-_TMP = tempfile.mkdtemp(prefix="rs-", dir="/tmp")
-os.environ.update(
-    {
-        "RAY_AUTH_MODE": "disabled",
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "HOME": _TMP,
-        "TMPDIR": _TMP,
-        "RAY_DEDUP_LOGS": "0",
-    }
-)
+from rayship_workloads.local import private_ray_environment
+
+_TMP = private_ray_environment("rs-")
 
 LOGICAL_CPUS = 4  # scheduling tokens: 2 train workers + Ray Data / Serve tasks on a 2-core machine
 

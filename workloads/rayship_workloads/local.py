@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,15 @@ def local_environment() -> None:
     """Ray settings for a single-machine cluster (Ray 2.60 turns token auth on by default)."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def private_ray_environment(prefix: str) -> str:
+    """A local Ray of one's own (tests, benchmarks): HOME and TMPDIR in a new short directory (Ray's
+    socket paths are length-limited), per-process logs; returns that directory."""
+    directory = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    local_environment()
+    os.environ.update({"HOME": directory, "TMPDIR": directory, "RAY_DEDUP_LOGS": "0"})
+    return directory
 
 
 def localize(doc: dict[str, Any], *, cores: int, has_gpu: bool) -> tuple[dict[str, Any], str]:
