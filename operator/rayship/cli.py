@@ -140,8 +140,13 @@ def _one_trainingjob(path: str) -> dict[str, Any]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     local = _workloads()
+    from rayship_workloads.data import DataError
+
     doc = _one_trainingjob(args.file)
-    local.run(doc, runs_dir=Path(args.runs_dir))
+    try:
+        local.run(doc, runs_dir=Path(args.runs_dir))
+    except DataError as err:
+        raise InputError(f"{args.file}: {err}") from None
     return 0
 
 
@@ -157,14 +162,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except FileNotFoundError as err:
             raise InputError(f"{label}: {err}") from None
         route_prefix = ms.spec.route_prefix
-    local.serve(model, port=args.port, route_prefix=route_prefix)
+    try:
+        local.serve(model, port=args.port, route_prefix=route_prefix)
+    except (FileNotFoundError, ValueError) as err:  # not a directory / not a rayship model
+        raise InputError(f"--model {model}: {err}") from None
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     local = _workloads()
+    from rayship_workloads.data import DataError
+
     doc = _one_trainingjob(args.file)
-    local.demo(doc, runs_dir=Path(args.runs_dir), port=args.port)
+    try:
+        local.demo(doc, runs_dir=Path(args.runs_dir), port=args.port)
+    except DataError as err:
+        raise InputError(f"{args.file}: {err}") from None
     return 0
 
 

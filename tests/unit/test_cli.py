@@ -135,3 +135,11 @@ def test_yaml_numbers_are_read_as_kubernetes_reads_them(tmp_path: Path, capsys) 
     assert code == 0, err
     rayjob = json.loads(out)["items"][-1]
     assert '"learningRate":2e-05' in rayjob["spec"]["entrypoint"]
+
+
+def test_serve_with_a_wrong_model_uri_is_explained_before_ray_starts(tmp_path: Path, capsys) -> None:
+    pytest.importorskip("ray", reason="the workload stack is not installed: run `make setup`")
+    code, _, err = run(capsys, "serve", "--model", str(tmp_path / "absent"))
+    assert code == 1 and "--model" in err and "no such directory" in err and "Traceback" not in err
+    code, _, err = run(capsys, "serve", "--model", str(tmp_path))  # a directory, but not a model
+    assert code == 1 and "not a rayship model (no rayship-model.json)" in err

@@ -288,3 +288,15 @@ def test_causal_lm_recipe_on_a_tiny_config(ray_session, tmp_path: Path, strategy
     with torch.no_grad():
         logits = model(input_ids=prompt).logits
     assert logits.shape == (1, prompt.shape[1], 260) and torch.isfinite(logits).all()
+
+
+def test_run_with_missing_data_names_the_field(ray_session, tmp_path: Path, capsys) -> None:
+    from rayship import cli
+
+    doc = yaml.safe_load((SAMPLES / "trainingjob-ddp.yaml").read_text())
+    doc["spec"]["data"] = {"source": "uri", "uri": str(tmp_path / "missing.parquet")}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert cli.main(["run", "-f", str(path), "--runs-dir", str(tmp_path / "runs")]) == 1
+    err = capsys.readouterr().err
+    assert f"spec.data.uri: {tmp_path / 'missing.parquet'} does not exist" in err and "Traceback" not in err

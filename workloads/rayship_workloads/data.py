@@ -9,11 +9,20 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pyarrow.fs as pafs
 import ray.data
+
+from rayship_workloads import storage
 
 LABEL = "y"
 TEXT = "text"
 READERS = {"parquet": ray.data.read_parquet, "csv": ray.data.read_csv, "jsonl": ray.data.read_json}
+
+
+class DataError(ValueError):
+    """The training data does not fit the spec: the message starts with the field to fix."""
+
+
 _WORDS = (
     "the a ray cluster trains models on gpus while workers share gradients and checkpoints survive".split()
 )
@@ -57,7 +66,15 @@ def load(data: dict[str, Any], *, kind: str, config: dict[str, Any]) -> ray.data
         if kind == "text":
             return synthetic_text(data.get("samples", 4096), seed)
         return synthetic_tabular(data.get("samples", 4096), int(config.get("features", 8)), seed)
-    return READERS[data_format(data)](data["uri"])
+    uri = data["uri"]
+    fs, path = storage.filesystem(uri)
+    try:
+        found = fs.get_file_info(path).type != pafs.FileType.NotFound
+    except OSError as err:  # e.g. no credentials for s3://
+        raise DataError(f"spec.data.uri: cannot read {uri}: {err}") from None
+    if not found:
+        raise DataError(f"spec.data.uri: {uri} does not exist")
+    return READERS[data_format(data)](uri)
 
 
 def feature_columns(dataset: ray.data.Dataset, config: dict[str, Any]) -> list[str]:
@@ -68,7 +85,7 @@ def feature_columns(dataset: ray.data.Dataset, config: dict[str, Any]) -> list[s
     label = config.get("label", LABEL)
     names = dataset.schema().names
     if label not in names:
-        raise ValueError(
-            f"label column {label!r} not in the data (columns: {', '.join(names)}); set trainer.config.label"
+        raise DataError(
+            f"trainer.config.label: label column {label!r} not in the data (columns: {', '.join(names)}); set trainer.config.label"
         )
     return [c for c in names if c != label]

@@ -168,8 +168,10 @@ def serve(model_uri: str, *, port: int, route_prefix: str = "/", block: bool = T
     """Serve an exported model on local Ray; with `block`, until Ctrl-C. Returns the base URL."""
     from ray import serve as ray_serve
 
+    from rayship_workloads import models, storage
     from rayship_workloads.serve import serve_locally
 
+    models.read_manifest(storage.fetch_dir(model_uri))  # a wrong URI fails here, not inside a replica
     init_ray(1)
     url = serve_locally(model_uri, port=port, route_prefix=route_prefix)
     print(

@@ -195,7 +195,15 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, OSError, ValueError) as err:
         print(f"error: invalid TrainingJob: {err}", file=sys.stderr)
         return 1
-    trainingjob = os.environ.get(ENV_TRAININGJOB)
+    try:
+        return run(doc, os.environ.get(ENV_TRAININGJOB))
+    except data.DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+def run(doc: dict[str, Any], trainingjob: str | None) -> int:
+    """Train (or tune) a resolved TrainingJob; report the outcome to its status in the cluster."""
     status: dict[str, Any] = {}
     if doc["spec"].get("tuning"):
         from rayship_workloads import tune
