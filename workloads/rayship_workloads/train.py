@@ -76,15 +76,8 @@ def build_trainer(
     spec = doc["spec"]
     trainer_spec, workers = spec["trainer"], spec["workers"]
     user_config = dict(trainer_spec.get("config") or {})
-    kind = recipes.DATA_KIND.get(trainer_spec.get("recipe") or "", "tabular")
-    dataset = data.load(spec["data"], kind=kind, config=user_config)
-    context: dict[str, Any] = {"spec": spec}
-    if kind == "tabular":
-        context["features"] = data.feature_columns(dataset, user_config)
-        context["model_config"] = recipes.mlp_config(len(context["features"]), user_config)
-    else:
-        context["model_config"] = recipes.causal_lm_config(user_config)
-    root = storage_override or storage_root(spec)
+    dataset, context = prepare(doc, storage_override=storage_override, name=name)
+    root = context["storage_root"]
     gpus = workers["gpusPerWorker"]
     resources = {"CPU": 1, "GPU": gpus} if gpus else {"CPU": 1}  # CPUs left over feed Ray Data
     trainer = TorchTrainer(
@@ -112,7 +105,27 @@ def build_trainer(
         ),
         datasets={"train": dataset},
     )
-    return trainer, {**context, "storage_root": root, "run_name": name or run_name(doc)}
+    return trainer, context
+
+
+def prepare(
+    doc: dict[str, Any], *, storage_override: str | None = None, name: str | None = None
+) -> tuple[ray.data.Dataset, dict[str, Any]]:
+    """The training data and what the loops and the export need: feature columns, model config,
+    storage root and run name."""
+    spec = doc["spec"]
+    user_config = dict(spec["trainer"].get("config") or {})
+    kind = recipes.DATA_KIND.get(spec["trainer"].get("recipe") or "", "tabular")
+    dataset = data.load(spec["data"], kind=kind, config=user_config)
+    context: dict[str, Any] = {"spec": spec}
+    if kind == "tabular":
+        context["features"] = data.feature_columns(dataset, user_config)
+        context["model_config"] = recipes.mlp_config(len(context["features"]), user_config)
+    else:
+        context["model_config"] = recipes.causal_lm_config(user_config)
+    context["storage_root"] = storage_override or storage_root(spec)
+    context["run_name"] = name or run_name(doc)
+    return dataset, context
 
 
 def export(

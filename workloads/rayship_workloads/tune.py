@@ -104,7 +104,7 @@ def search(doc: dict[str, Any], *, storage_override: str | None = None) -> TuneO
     fs, _ = storage.filesystem(root)
     checkpoint = ray.train.Checkpoint(path, filesystem=fs) if path else None
     best_name = f"{base_name}-{best.metrics['trial_id']}"
-    _, context = train.build_trainer(best_doc, storage_override=root, name=best_name, echo=False)
+    _, context = train.prepare(best_doc, storage_override=root, name=best_name)
     model_uri = train.export(checkpoint, best_doc, context)
     return TuneOutcome(
         trials=len(results),
