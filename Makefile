@@ -38,7 +38,7 @@ $(BIN)/helm $(BIN)/kubectl: | $(BIN)/.installed
 demo: setup ## the main job: train the sample TrainingJob on local Ray, serve it, query it, shut down
 	@echo "--- what the operator would create on a cluster (rayship render), checked against KubeRay v1.7.0"
 	@$(BIN)/rayship render -f $(SAMPLE) > $(VENV)/demo-objects.yaml
-	@$(BIN)/python -m tests.check_kuberay < $(VENV)/demo-objects.yaml
+	@$(BIN)/python -m tools.check_kuberay < $(VENV)/demo-objects.yaml
 	@echo "--- the same TrainingJob on local Ray: train -> serve -> predict"
 	@time $(BIN)/rayship demo -f $(SAMPLE)
 
@@ -90,6 +90,20 @@ kind-up: setup images ## kind cluster + images + KubeRay 1.7.0 + rayship (from t
 e2e: setup ## the kind end-to-end tests (skipped, with the reason, where there is no cluster)
 	$(PYTEST) -q -m e2e tests/e2e
 
+##@ Local control plane (no Docker: real etcd, kube-apiserver, controllers and KubeRay; kwok nodes)
+.PHONY: cluster-build cluster-up cluster-down test-controlplane
+cluster-build: ## build the pinned control-plane binaries into ~/.cache/rayship (once per machine)
+	python3 controlplane/build.py
+
+cluster-up: setup cluster-build ## start it on 127.0.0.1 (.cluster/kubeconfig) with KubeRay and rayship; NO_OPERATOR=1: without the operator
+	$(BIN)/python controlplane/cluster.py up $(if $(NO_OPERATOR),--no-operator)
+
+cluster-down: ## stop everything cluster-up started, remove its network namespace and data
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) controlplane/cluster.py down
+
+test-controlplane: setup cluster-build ## the control-plane tests (reuse a running cluster, or start and stop one)
+	$(PYTEST) -q -m controlplane tests/controlplane
+
 ##@ Generated files
 .PHONY: generate verify lint
 generate: setup ## regenerate CRDs and manifests from the API models
@@ -98,6 +112,7 @@ generate: setup ## regenerate CRDs and manifests from the API models
 verify: setup ## fail if generated files are stale
 	$(BIN)/rayship generate --check
 
-lint: setup ## ruff lint + format check
+lint: setup ## ruff lint + format check, mypy over operator/ and workloads/
 	$(BIN)/ruff check operator workloads tests tools
 	$(BIN)/ruff format --check operator workloads tests tools
+	$(BIN)/mypy

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
 import celpy
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 from pydantic.alias_generators import to_camel
 
 # cel-python logs every evaluation step at DEBUG; that would drown the operator's own log.
@@ -26,6 +26,13 @@ logging.getLogger("celpy").setLevel(logging.WARNING)
 GROUP = "rayship.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
+
+# (group, version, plural) of every resource the operator reads or writes: each plural spelled once.
+Resource = tuple[str, str, str]
+KUBERAY_GROUP = "ray.io"
+KUBERAY_VERSION = "v1"
+RAYJOBS: Resource = (KUBERAY_GROUP, KUBERAY_VERSION, "rayjobs")
+RAYSERVICES: Resource = (KUBERAY_GROUP, KUBERAY_VERSION, "rayservices")
 
 # --- shared patterns ---------------------------------------------------------------------------
 
@@ -47,6 +54,9 @@ class CelRule:
 
     rule: str
     message: str
+    # In the CRD (the cluster needs it) but not checked for local runs (`rayship run`), which
+    # validate with `parse(doc, local=True)`.
+    cluster_only: bool = False
 
     def as_schema(self) -> dict[str, str]:
         return {"rule": self.rule, "message": self.message}
@@ -78,10 +88,12 @@ class ApiModel(BaseModel):
     cel_rules: ClassVar[tuple[CelRule, ...]] = ()
 
     @model_validator(mode="after")
-    def _check_cel_rules(self) -> ApiModel:
-        if self.cel_rules:
+    def _check_cel_rules(self, info: ValidationInfo) -> ApiModel:
+        local = bool((info.context or {}).get("local"))
+        rules = [r for r in self.cel_rules if not (local and r.cluster_only)]
+        if rules:
             wire = self.model_dump(mode="json", by_alias=True, exclude_none=True)
-            failed = [r.message for r in self.cel_rules if not cel_holds(r.rule, wire)]
+            failed = [r.message for r in rules if not cel_holds(r.rule, wire)]
             if failed:
                 raise ValueError("; ".join(failed))
         return self
@@ -288,7 +300,11 @@ class CheckpointStorage(ApiModel):
 class CheckpointSpec(ApiModel):
     """Checkpointing: a retry or worker failure resumes from the latest checkpoint."""
 
-    storage: CheckpointStorage = Field(..., description="Where checkpoints are written.")
+    storage: CheckpointStorage | None = Field(
+        None,
+        description="Where checkpoints are written (required in a cluster; `rayship run` writes under "
+        "./rayship-runs without it).",
+    )
     keep: int = Field(3, ge=1, le=1000, description="How many checkpoints to keep.")
     every_epochs: int = Field(1, ge=1, le=100_000, description="Checkpoint every N epochs.")
 
@@ -382,6 +398,12 @@ class TrainingJobSpec(ApiModel):
             "!has(self.env) || self.env.all(e, !e.name.startsWith('RAYSHIP_') && e.name != 'NVIDIA_VISIBLE_DEVICES')",
             "env names starting with RAYSHIP_ and NVIDIA_VISIBLE_DEVICES are set by rayship; rename the variable",
         ),
+        CelRule(
+            "has(self.checkpoint.storage)",
+            "checkpoint.storage is required in a cluster: set checkpoint.storage.pvc.claimName or "
+            "checkpoint.storage.uri (only `rayship run` works without it, writing under ./rayship-runs)",
+            cluster_only=True,
+        ),
     )
     image: str | None = Field(
         None,
@@ -395,7 +417,7 @@ class TrainingJobSpec(ApiModel):
     data: DataSpec = sub(DataSpec, "Training data.")
     workers: WorkersSpec = sub(WorkersSpec, "GPU worker group.")
     head: HeadSpec = sub(HeadSpec, "Ray head pod.")
-    checkpoint: CheckpointSpec = Field(..., description="Checkpoint storage and retention.")
+    checkpoint: CheckpointSpec = sub(CheckpointSpec, "Checkpoint storage and retention.")
     failure_policy: FailurePolicy = sub(FailurePolicy, "Retries and deadlines.")
     ttl_seconds_after_finished: int = Field(
         600, ge=0, description="Seconds the finished Ray cluster lingers before it is deleted."
@@ -682,6 +704,10 @@ class Kind:
         return f"{self.plural}.{GROUP}"
 
     @property
+    def resource(self) -> Resource:
+        return (GROUP, VERSION, self.plural)
+
+    @property
     def root_rules(self) -> tuple[CelRule, ...]:
         return self.model.cel_rules
 
@@ -720,6 +746,9 @@ MODEL_SERVICE = Kind(
         PrinterColumn("Age", "date", ".metadata.creationTimestamp", "Time since creation."),
     ),
 )
+
+TRAININGJOBS: Resource = TRAINING_JOB.resource
+MODELSERVICES: Resource = MODEL_SERVICE.resource
 
 KINDS: tuple[Kind, ...] = (TRAINING_JOB, MODEL_SERVICE)
 KIND_BY_NAME: dict[str, Kind] = {k.kind: k for k in KINDS}

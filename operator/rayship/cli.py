@@ -1,4 +1,9 @@
-"""`rayship` command line: render | generate | operator.
+"""`rayship` command line: render | run | serve | demo | generate | operator.
+
+- `render -f`: the KubeRay objects the operator would create, offline (cluster validation rules).
+- `run -f` / `serve` / `demo -f`: the same YAML on local Ray (`rayship_workloads.local`).
+- `generate [--check]`: the CRDs, chart files and manifests from the API models.
+- `operator`: the kopf controller.
 
 Bad input never shows a traceback: it exits 1 with one line per problem, each naming the field.
 """
@@ -16,7 +21,7 @@ import yaml
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from rayship import __version__, api, modelservice, render, yamlio
+from rayship import __version__, api, modelservice, trainingjob, yamlio
 from rayship.config import OperatorConfig
 from rayship.validation import SpecError, parse
 
@@ -70,7 +75,7 @@ def render_documents(docs: list[tuple[str, Any]], config: OperatorConfig) -> lis
             errors.extend(f"{label}: {p}" for p in err.problems)
             continue
         if isinstance(obj, api.TrainingJob):
-            objects.extend(render.render_trainingjob(obj, config))
+            objects.extend(trainingjob.render_trainingjob(obj, config))
         elif isinstance(obj, api.ModelService):
             objects.append(modelservice.desired_rayservice(obj, config, _offline_model_uri(obj, label)))
     if errors:
@@ -117,23 +122,24 @@ def _workloads() -> Any:
     return local
 
 
-def _one(path: str, model: type[api.ApiModel]) -> api.ApiModel:
-    """The single document in `path`, validated, which must be of `model`'s kind."""
+def _one(path: str, model: type[api.ApiModel], *, local: bool = False) -> api.ApiModel:
+    """The single document in `path`, validated, which must be of `model`'s kind (`local`: for
+    local Ray, without the rules only a cluster needs)."""
     docs = list(load_documents(path))
     if len(docs) != 1:
         raise InputError(f"{path}: expected one {model.__name__}, found {len(docs)} documents")
     label, doc = docs[0]
     try:
-        obj = parse(doc)
+        obj = parse(doc, local=local)
     except SpecError as err:
         raise SpecError([f"{label}: {p}" for p in err.problems]) from None
     if not isinstance(obj, model):
-        raise InputError(f"{label}: expected a {model.__name__}, got {obj.kind}")
+        raise InputError(f"{label}: expected a {model.__name__}, got {type(obj).__name__}")
     return obj
 
 
 def _one_trainingjob(path: str) -> dict[str, Any]:
-    resolved = _one(path, api.TrainingJob).wire()
+    resolved = _one(path, api.TrainingJob, local=True).wire()
     resolved.pop("status", None)
     return resolved
 
@@ -154,7 +160,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     local = _workloads()
     route_prefix, model = args.route_prefix, args.model
     if args.file:
-        ms = _one(args.file, api.ModelService)
+        ms = _one(args.file, api.ModelService, local=True)
         assert isinstance(ms, api.ModelService)
         label = args.file
         try:
@@ -250,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     except (InputError, SpecError) as err:
         print(f"error: {err}".replace("\n", "\nerror: "), file=sys.stderr)
         return EXIT_INVALID

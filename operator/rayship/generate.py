@@ -1,4 +1,6 @@
-"""Generate the CRDs (and later RBAC / chart files) from the API models.
+"""Generate every derived file from the API models: the CRDs (`manifests/crds/`, the chart's
+`files/crds/`), the chart's RBAC rules (`rayship.rbac`), `values.schema.json` and values table
+(`rayship.chart`), and `manifests/install.yaml` (the chart rendered by `helm template`).
 
 `python -m rayship.generate` writes them; `--check` fails (exit 1) when a committed file differs from
 what the models produce, so CI catches drift. Nothing here is hand-copied: every schema comes from
@@ -38,7 +40,7 @@ def structural_schema(model: type[api.ApiModel]) -> dict[str, Any]:
 
 def _rules_by_title() -> dict[str, tuple[api.CelRule, ...]]:
     found: dict[str, tuple[api.CelRule, ...]] = {}
-    pending: list[type] = list(api.ApiModel.__subclasses__())
+    pending: list[type[api.ApiModel]] = list(api.ApiModel.__subclasses__())
     while pending:
         cls = pending.pop()
         pending.extend(cls.__subclasses__())
@@ -98,7 +100,7 @@ def crd(kind: api.Kind) -> dict[str, Any]:
         conditions.update({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
     root = {
         "type": "object",
-        "description": kind.model.__doc__.strip(),
+        "description": (kind.model.__doc__ or kind.kind).strip(),
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string", "description": "rayship.dev/v1alpha1"},

@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import kubernetes
 import kubernetes.utils
 from kubernetes.client.exceptions import ApiException
 
-from rayship import api
-
-Resource = tuple[str, str, str]  # (group, version, plural)
-TRAININGJOBS: Resource = (api.GROUP, api.VERSION, "trainingjobs")
-MODELSERVICES: Resource = (api.GROUP, api.VERSION, "modelservices")
-RAYJOBS: Resource = ("ray.io", "v1", "rayjobs")
-RAYSERVICES: Resource = ("ray.io", "v1", "rayservices")
+from rayship.api import Resource
 
 
 class Conflict(Exception):
@@ -29,35 +23,30 @@ def configure() -> None:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
+    _client.cache_clear()
     _custom.cache_clear()
 
 
 @functools.cache
+def _client() -> kubernetes.client.ApiClient:
+    """One API client (one connection pool) for every request."""
+    return kubernetes.client.ApiClient()
+
+
+@functools.cache
 def _custom() -> kubernetes.client.CustomObjectsApi:
-    return kubernetes.client.CustomObjectsApi()
+    return kubernetes.client.CustomObjectsApi(_client())
 
 
 def get(resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
     group, version, plural = resource
     try:
-        return _custom().get_namespaced_custom_object(group, version, namespace, plural, name)
+        found = _custom().get_namespaced_custom_object(group, version, namespace, plural, name)
     except ApiException as err:
         if err.status == 404:
             return None
         raise
-
-
-def get_trainingjob(namespace: str, name: str) -> dict[str, Any] | None:
-    return get(TRAININGJOBS, namespace, name)
-
-
-def get_rayjob(namespace: str, name: str) -> dict[str, Any] | None:
-    return get(RAYJOBS, namespace, name)
-
-
-def list_namespaced(resource: Resource, namespace: str) -> list[dict[str, Any]]:
-    group, version, plural = resource
-    return _custom().list_namespaced_custom_object(group, version, namespace, plural).get("items", [])
+    return cast(dict[str, Any], found)
 
 
 def create(resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -65,7 +54,8 @@ def create(resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
     group, version, plural = resource
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     try:
-        return _custom().create_namespaced_custom_object(group, version, namespace, plural, dict(body))
+        created = _custom().create_namespaced_custom_object(group, version, namespace, plural, dict(body))
+        return cast(dict[str, Any], created)
     except ApiException as err:
         if err.status != 409:
             raise
@@ -75,14 +65,10 @@ def create(resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
     return existing
 
 
-def create_rayjob(body: Mapping[str, Any]) -> dict[str, Any]:
-    return create(RAYJOBS, body)
-
-
 def ensure(body: Mapping[str, Any]) -> None:
     """Create a core/RBAC object (ServiceAccount, Role, RoleBinding...) unless it already exists."""
     try:
-        kubernetes.utils.create_from_dict(kubernetes.client.ApiClient(), dict(body))
+        kubernetes.utils.create_from_dict(_client(), dict(body))
     except kubernetes.utils.FailToCreateError as err:
         if any(e.status != 409 for e in err.api_exceptions):
             raise
@@ -90,11 +76,8 @@ def ensure(body: Mapping[str, Any]) -> None:
 
 def patch(resource: Resource, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
     group, version, plural = resource
-    return _custom().patch_namespaced_custom_object(group, version, namespace, plural, name, dict(body))
-
-
-def patch_rayjob(namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-    return patch(RAYJOBS, namespace, name, body)
+    patched = _custom().patch_namespaced_custom_object(group, version, namespace, plural, name, dict(body))
+    return cast(dict[str, Any], patched)
 
 
 def patch_status(
@@ -109,9 +92,3 @@ def patch_status(
         if err.status == 409:
             raise Conflict(f"{plural} {namespace}/{name} changed while its status was computed") from None
         raise
-
-
-def patch_trainingjob_status(
-    namespace: str, name: str, status: Mapping[str, Any], resource_version: str
-) -> None:
-    patch_status(TRAININGJOBS, namespace, name, status, resource_version)

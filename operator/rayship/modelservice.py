@@ -1,10 +1,14 @@
-"""ModelService, pure: resolve the model, plan the RayService, derive the status. No I/O.
+"""ModelService: resolve the model, render the RayService, plan a reconcile, derive the status.
+Pure: no I/O, no clock.
 
 - The model comes from `spec.model.uri`, or from a TrainingJob's exported model once it Succeeded.
   A missing or failed TrainingJob is a condition, never a crash; a service that already resolved
   a model keeps serving it when its TrainingJob is deleted.
-- A new model changes only `serveConfigV2` (an in-place Serve rollout); a changed cluster config
-  is patched too and KubeRay rolls it out per `upgradeStrategy`.
+- The model URI is the only thing that changes when a new model rolls out, and it lives only in
+  `serveConfigV2`: KubeRay applies such a change in place (a Serve rollout on the same cluster).
+  Anything in `rayClusterConfig` changing means a new cluster, per `upgradeStrategy`.
+- Status: one table maps the Serve application's state (and the RayService's Ready condition) to
+  our phase.
 """
 
 from __future__ import annotations
@@ -15,13 +19,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from rayship import api, names, render, render_service
-from rayship.config import OperatorConfig
-from rayship.status import condition
-from rayship.validation import SpecError, parse
+import yaml
 
-ANNOTATION_CLUSTER_HASH = f"{api.GROUP}/cluster-config-hash"
-ANNOTATION_MODEL = f"{api.GROUP}/model-uri"
+from rayship import api, names, pods
+from rayship.conditions import Event, Plan, condition, find
+from rayship.config import OperatorConfig
+from rayship.validation import SpecError, parse
+from rayship.yamlio import canonical_json
+
+IMPORT_PATH = "rayship_workloads.serve:app_builder"
+DEPLOYMENT = "RayshipModel"  # @serve.deployment(name=...) in rayship_workloads.serve
+
+# --- resolve -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -66,26 +75,158 @@ def resolve_model(
     )
 
 
+# --- render ------------------------------------------------------------------------------------
+
+
+def serve_args(ms: api.ModelService, model_uri: str) -> dict[str, Any]:
+    """The application's `args`: exactly what `rayship_workloads.serve.ServeArgs` accepts."""
+    spec = ms.spec
+    return {
+        "modelUri": model_uri,
+        "routePrefix": spec.route_prefix,
+        "maxBatchSize": spec.batching.max_batch_size,
+        "batchWaitTimeoutS": spec.batching.batch_wait_timeout_ms / 1000,
+        "minReplicas": spec.replicas.min,
+        "maxReplicas": spec.replicas.max,
+        "targetOngoingRequests": spec.replicas.target_ongoing_requests,
+        "numCpus": spec.resources.cpus,
+        "numGpus": spec.resources.gpus,
+    }
+
+
+def serve_config(ms: api.ModelService, model_uri: str) -> dict[str, Any]:
+    """serveConfigV2 (Ray's ServeDeploySchema) with one application."""
+    spec = ms.spec
+    return {
+        "applications": [
+            {
+                "name": ms.metadata.name,
+                "import_path": IMPORT_PATH,
+                "route_prefix": spec.route_prefix,
+                "args": serve_args(ms, model_uri),
+                "deployments": [
+                    {
+                        "name": DEPLOYMENT,
+                        "autoscaling_config": {
+                            "min_replicas": spec.replicas.min,
+                            "max_replicas": spec.replicas.max,
+                            "target_ongoing_requests": spec.replicas.target_ongoing_requests,
+                        },
+                        "ray_actor_options": {
+                            "num_cpus": spec.resources.cpus,
+                            "num_gpus": spec.resources.gpus,
+                        },
+                    }
+                ],
+            }
+        ]
+    }
+
+
+def ray_cluster_config(ms: api.ModelService, config: OperatorConfig) -> dict[str, Any]:
+    spec, res = ms.spec, ms.spec.resources
+    image = spec.image or config.default_image
+    labels = names.labels("ModelService", ms.metadata.name, "serving")
+    ref = pods.object_ref(ms.metadata)
+
+    def env(gpus: int) -> list[dict[str, Any]]:
+        return pods.container_env(ref, gpus, spec.env, names.ENV_MODELSERVICE)
+
+    selector, tolerations = pods.gpu_placement(
+        config, res.gpus, res.gpu_product, res.node_selector, res.tolerations
+    )
+    return {
+        "rayVersion": spec.ray_version or config.default_ray_version,
+        "enableInTreeAutoscaling": True,  # Serve autoscaling adds and removes GPU worker pods
+        "authOptions": {"mode": "token"},
+        "headGroupSpec": {
+            "rayStartParams": {"num-cpus": "0"},  # no replicas on the head: it runs the Serve controller
+            "template": pods.pod_template(
+                config,
+                image=image,
+                container=names.HEAD_CONTAINER,
+                cpus=2,
+                memory="8Gi",
+                gpus=0,
+                labels=labels,
+                env=env(0),
+            ),
+        },
+        "workerGroupSpecs": [
+            {
+                "groupName": names.SERVE_WORKER_GROUP,
+                # one replica per pod: the pod count covers replicas.min..max (x resources.gpus GPUs)
+                "replicas": spec.replicas.min,
+                "minReplicas": spec.replicas.min,
+                "maxReplicas": spec.replicas.max,
+                "rayStartParams": {},
+                "template": pods.pod_template(
+                    config,
+                    image=image,
+                    container=names.WORKER_CONTAINER,
+                    cpus=res.cpus,
+                    memory=res.memory,
+                    gpus=res.gpus,
+                    labels=labels,
+                    env=env(res.gpus),
+                    node_selector=selector,
+                    tolerations=tolerations,
+                ),
+            }
+        ],
+    }
+
+
+def build_rayservice(ms: api.ModelService, config: OperatorConfig, model_uri: str) -> dict[str, Any]:
+    spec = ms.spec
+    metadata: dict[str, Any] = {"name": names.rayservice_name(ms.metadata.name)}
+    if ms.metadata.namespace:
+        metadata["namespace"] = ms.metadata.namespace
+    metadata["labels"] = names.labels("ModelService", ms.metadata.name, "serving")
+    upgrade: dict[str, Any] = {"type": spec.upgrade_strategy}
+    if spec.upgrade_options is not None:
+        upgrade["clusterUpgradeOptions"] = spec.upgrade_options.wire()
+    return {
+        "apiVersion": pods.RAY_API_VERSION,
+        "kind": "RayService",
+        "metadata": metadata,
+        "spec": {
+            "upgradeStrategy": upgrade,
+            "serveConfigV2": yaml.safe_dump(serve_config(ms, model_uri), sort_keys=True),
+            "rayClusterConfig": ray_cluster_config(ms, config),
+        },
+    }
+
+
+def service_url(ms: api.ModelService) -> str:
+    """Where the service answers inside the cluster (KubeRay's `<rayservice>-serve-svc`, port 8000)."""
+    namespace = ms.metadata.namespace or "default"
+    prefix = "" if ms.spec.route_prefix == "/" else ms.spec.route_prefix
+    return f"http://{names.rayservice_name(ms.metadata.name)}-serve-svc.{namespace}.svc:8000{prefix}"
+
+
 def cluster_hash(rayservice_spec: Mapping[str, Any]) -> str:
     """Hash of what needs a new cluster when it changes (everything but serveConfigV2)."""
     relevant = {k: v for k, v in rayservice_spec.items() if k != "serveConfigV2"}
-    return hashlib.sha256(render.canonical_json(relevant).encode()).hexdigest()[:16]
+    return hashlib.sha256(canonical_json(relevant).encode()).hexdigest()[:16]
 
 
 def desired_rayservice(ms: api.ModelService, config: OperatorConfig, uri: str) -> dict[str, Any]:
-    rayservice = render_service.build_rayservice(ms, config, uri)
+    rayservice = build_rayservice(ms, config, uri)
     rayservice["metadata"]["annotations"] = {
-        ANNOTATION_CLUSTER_HASH: cluster_hash(rayservice["spec"]),
-        ANNOTATION_MODEL: uri,
+        names.ANNOTATION_CLUSTER_HASH: cluster_hash(rayservice["spec"]),
+        names.ANNOTATION_MODEL: uri,
     }
     return rayservice
 
 
+# --- plan --------------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
-class ServicePlan:
-    rayservice_name: str
-    create: dict[str, Any] | None
-    patch: dict[str, Any] | None
+class ServiceContext:
+    """What `status()` needs from the plan (the `context` of a ModelService `Plan`)."""
+
     resolution: Resolution | None
     invalid: str | None
     url: str | None
@@ -97,88 +238,117 @@ def plan(
     rayservice: Mapping[str, Any] | None,
     trainingjob: Mapping[str, Any] | None,
     config: OperatorConfig,
-) -> ServicePlan:
+) -> Plan:
+    """The reconcile's plan; `trainingjob` is the one `model.fromTrainingJob` names, if any."""
     name = names.rayservice_name(modelservice["metadata"]["name"])
     current = modelservice.get("status") or {}
     try:
         ms = parse(modelservice)
     except SpecError as err:
-        return ServicePlan(name, None, None, None, "; ".join(err.problems), None, None)
+        return Plan(name, context=ServiceContext(None, "; ".join(err.problems), None, None))
     assert isinstance(ms, api.ModelService)
     resolution = resolve_model(ms, trainingjob, current)
-    url = render_service.service_url(ms)
+    url = service_url(ms)
     if resolution.uri is None:
-        return ServicePlan(name, None, None, resolution, None, url, None)
+        return Plan(name, context=ServiceContext(resolution, None, url, None))
+    context = ServiceContext(resolution, None, url, resolution.uri)
     desired = desired_rayservice(ms, config, resolution.uri)
     if rayservice is None:
-        return ServicePlan(name, desired, None, resolution, None, url, resolution.uri)
+        created = Event("Normal", "RayServiceCreated", f"created RayService {name} serving {resolution.uri}")
+        return Plan(name, create=desired, on_create=created, context=context)
     applied = rayservice.get("metadata", {}).get("annotations") or {}
-    patch: dict[str, Any] = {}
+    wanted_hash = desired["metadata"]["annotations"][names.ANNOTATION_CLUSTER_HASH]
+    spec: dict[str, Any] = {}
+    annotations: dict[str, str] = {}
     if rayservice.get("spec", {}).get("serveConfigV2") != desired["spec"]["serveConfigV2"]:
-        patch.setdefault("spec", {})["serveConfigV2"] = desired["spec"]["serveConfigV2"]
-        patch.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_MODEL] = resolution.uri
-    if applied.get(ANNOTATION_CLUSTER_HASH) != desired["metadata"]["annotations"][ANNOTATION_CLUSTER_HASH]:
-        patch.setdefault("spec", {}).update(
-            {k: v for k, v in desired["spec"].items() if k != "serveConfigV2"}
-        )
-        patch.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_CLUSTER_HASH] = desired[
-            "metadata"
-        ]["annotations"][ANNOTATION_CLUSTER_HASH]
-    return ServicePlan(name, None, patch or None, resolution, None, url, resolution.uri)
+        spec["serveConfigV2"] = desired["spec"]["serveConfigV2"]
+        annotations[names.ANNOTATION_MODEL] = resolution.uri
+    if applied.get(names.ANNOTATION_CLUSTER_HASH) != wanted_hash:
+        spec.update({k: v for k, v in desired["spec"].items() if k != "serveConfigV2"})
+        annotations[names.ANNOTATION_CLUSTER_HASH] = wanted_hash
+    if not spec:
+        return Plan(name, context=context)
+    what = "new model (in-place Serve rollout)" if "rayClusterConfig" not in spec else "new cluster config"
+    return Plan(
+        name,
+        patch={"metadata": {"annotations": annotations}, "spec": spec},
+        on_patch=Event("Normal", "RayServiceUpdated", f"{what}: {resolution.uri}"),
+        context=context,
+    )
 
 
 # --- status ------------------------------------------------------------------------------------
 
+ANY = "*"
 
-def _k8s_condition(rayservice: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
-    conditions = (rayservice.get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c.get("type") == type_), {})
+# (Serve application status, RayService Ready) -> (phase, reason, message); the first match wins.
+# A reason of None means "KubeRay's own Ready reason"; a message of None means "the application's
+# own message, else the default in SERVING_DEFAULT_MESSAGE".
+SERVING_TABLE: tuple[tuple[tuple[str, str], tuple[str, str | None, str | None]], ...] = (
+    (("DEPLOY_FAILED", ANY), ("Failed", "DeployFailed", None)),
+    (("UNHEALTHY", ANY), ("Degraded", "Unhealthy", None)),
+    (("RUNNING", "True"), ("Ready", "Ready", "the Serve application is running")),
+    ((ANY, ANY), ("Deploying", None, "the Serve application is {app}")),
+)
+SERVING_DEFAULT_MESSAGE = {
+    "DEPLOY_FAILED": "the Serve application failed to deploy",
+    "UNHEALTHY": "the Serve application is unhealthy",
+}
 
 
 def serving_phase(rayservice: Mapping[str, Any], app: str) -> tuple[str, str, str]:
-    """(phase, reason, message) from a RayService's conditions and its application's status."""
+    """(phase, reason, message) from a RayService's Ready condition and its application's status,
+    through SERVING_TABLE."""
     st = rayservice.get("status") or {}
-    ready = _k8s_condition(rayservice, "Ready").get("status") == "True"
     apps = (st.get("activeServiceStatus") or {}).get("applicationStatuses") or {}
     app_status = (apps.get(app) or {}).get("status", "")
     app_message = (apps.get(app) or {}).get("message", "")
-    if app_status == "DEPLOY_FAILED":
-        return "Failed", "DeployFailed", app_message or "the Serve application failed to deploy"
-    if app_status == "UNHEALTHY":
-        return "Degraded", "Unhealthy", app_message or "the Serve application is unhealthy"
-    if ready and app_status == "RUNNING":
-        return "Ready", "Ready", "the Serve application is running"
-    reason = _k8s_condition(rayservice, "Ready").get("reason") or "Deploying"
-    return "Deploying", reason, f"the Serve application is {app_status or 'starting'}"
+    ready_condition = find(st, "Ready")
+    ready = "True" if ready_condition.get("status") == "True" else "False"
+    phase, reason, message = next(
+        outcome
+        for (want_app, want_ready), outcome in SERVING_TABLE
+        if want_app in (ANY, app_status) and want_ready in (ANY, ready)
+    )  # the last row matches anything
+    if message is None:
+        message = app_message or SERVING_DEFAULT_MESSAGE.get(app_status, "")
+    else:
+        message = message.format(app=app_status or "starting")  # a table template, never Serve's text
+    return phase, reason or ready_condition.get("reason") or "Deploying", message
 
 
-def derive(
-    modelservice: Mapping[str, Any], rayservice: Mapping[str, Any] | None, plan_: ServicePlan, now: datetime
+def status(
+    modelservice: Mapping[str, Any], rayservice: Mapping[str, Any] | None, plan_: Plan, now: datetime
 ) -> dict[str, Any]:
+    """The operator-owned status, once the plan was carried out and `rayservice` is what the server holds."""
+    ctx: ServiceContext = plan_.context
     current = modelservice.get("status") or {}
     generation = modelservice["metadata"].get("generation", 0)
     app = modelservice["metadata"]["name"]
-    cond = lambda *a: condition(current, *a, generation, now)  # noqa: E731
-    if plan_.invalid is not None and rayservice is None:
+
+    def cond(type_: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+        return condition(current, type_, ok, reason, message, generation, now)
+
+    if ctx.invalid is not None and rayservice is None:
         return {
             "phase": "Invalid",
             "observedGeneration": generation,
-            "conditions": [cond("Valid", False, "InvalidSpec", plan_.invalid)],
+            "conditions": [cond("Valid", False, "InvalidSpec", ctx.invalid)],
         }
     conditions = [
         cond(
             "Valid",
-            plan_.invalid is None,
-            "InvalidSpec" if plan_.invalid else "SpecValid",
-            plan_.invalid or "the spec is valid",
+            ctx.invalid is None,
+            "InvalidSpec" if ctx.invalid else "SpecValid",
+            ctx.invalid or "the spec is valid",
         )
     ]
-    res = plan_.resolution
+    res = ctx.resolution
     if res is not None:
         conditions.append(cond("ModelAvailable", res.uri is not None, res.reason, res.message))
-    out: dict[str, Any] = {"observedGeneration": generation, "rayServiceName": plan_.rayservice_name}
+    out: dict[str, Any] = {"observedGeneration": generation, "rayServiceName": plan_.child_name}
     if rayservice is None:
-        phase = "WaitingForModel" if plan_.desired_uri is None else "Deploying"
+        phase = "WaitingForModel" if ctx.desired_uri is None else "Deploying"
         reason = res.reason if res else "Waiting"
         conditions.append(cond("Ready", False, reason, res.message if res else ""))
         out.update(phase=phase, conditions=conditions, readyReplicas=0)
@@ -186,14 +356,14 @@ def derive(
     phase, reason, message = serving_phase(rayservice, app)
     st = rayservice.get("status") or {}
     up_to_date = st.get("observedGeneration") == rayservice.get("metadata", {}).get("generation")
-    deployed_uri = (rayservice.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_MODEL)
+    deployed_uri = (rayservice.get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_MODEL)
     served = current.get("modelURI")
     if phase == "Ready" and up_to_date:
         served = deployed_uri  # the Serve rollout of the latest serveConfigV2 completed
     elif served is None and phase == "Ready":
         served = deployed_uri
-    target = plan_.desired_uri if plan_.desired_uri and plan_.desired_uri != served else None
-    upgrading = _k8s_condition(rayservice, "UpgradeInProgress").get("status") == "True" or target is not None
+    target = ctx.desired_uri if ctx.desired_uri and ctx.desired_uri != served else None
+    upgrading = find(st, "UpgradeInProgress").get("status") == "True" or target is not None
     conditions.append(cond("Ready", phase == "Ready", reason, message))
     conditions.append(
         cond(
@@ -211,6 +381,26 @@ def derive(
         readyReplicas=int(st.get("numServeEndpoints") or 0),
         modelURI=served,
         targetModelURI=target,
-        url=plan_.url if phase in ("Ready", "Degraded") else current.get("url"),
+        url=ctx.url if phase in ("Ready", "Degraded") else current.get("url"),
     )
     return out
+
+
+WARNING_PHASES = frozenset({"Failed", "Invalid", "Degraded"})
+
+
+def announce(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Event]:
+    """A Kubernetes Event for each phase transition, summarising every condition."""
+    phase = desired.get("phase")
+    if phase == current.get("phase"):
+        return []
+    notes = [
+        f"{c['type']}={c['status']} ({c['reason']}: {c['message']})" for c in desired.get("conditions") or []
+    ]
+    return [
+        Event(
+            "Warning" if phase in WARNING_PHASES else "Normal",
+            str(phase),
+            f"{phase}: " + "; ".join(notes),
+        )
+    ]

@@ -1,4 +1,5 @@
-"""Names, labels and annotations: every key rayship writes comes from here."""
+"""Every name, label, annotation and environment-variable key rayship writes comes from here
+(the operator, the renderers and the workloads alike)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,26 @@ LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 
 # On a RayJob: the TrainingJob spec it was rendered from (canonical JSON), to tell edits apart.
 ANNOTATION_SPEC = f"{api.GROUP}/applied-spec"
+# On a RayService: a hash of everything but serveConfigV2 (a change needs a new cluster), and the
+# model URI its serveConfigV2 serves.
+ANNOTATION_CLUSTER_HASH = f"{api.GROUP}/cluster-config-hash"
+ANNOTATION_MODEL = f"{api.GROUP}/model-uri"
+# kopf's own bookkeeping (progress, last handled configuration) in annotations with this prefix.
+KOPF_ANNOTATION_PREFIX = api.GROUP
 
+# In every Ray container: `<namespace>/<name>` of the resource it works for.
 ENV_TRAININGJOB = "RAYSHIP_TRAININGJOB"
+ENV_MODELSERVICE = "RAYSHIP_MODELSERVICE"
+ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+
+# Pod parts of the KubeRay objects.
+HEAD_CONTAINER = "ray-head"
+WORKER_CONTAINER = "ray-worker"
+SUBMITTER_CONTAINER = "ray-job-submitter"  # KubeRay fills in `ray job submit` when command is empty
+TRAINING_WORKER_GROUP = "gpu-workers"
+SERVE_WORKER_GROUP = "serve-workers"
+CHECKPOINT_VOLUME = "checkpoints"
+SHM_VOLUME = "dshm"
 
 # KubeRay rejects RayJob names longer than this (it derives RayCluster and pod names from them).
 MAX_RAYJOB_NAME = 47

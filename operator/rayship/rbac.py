@@ -10,20 +10,23 @@ from typing import Any
 
 from rayship import api
 
+_OURS = [kind.plural for kind in api.KINDS]
+_KUBERAY = [api.RAYJOBS[2], api.RAYSERVICES[2]]
+
 OPERATOR_RULES: list[dict[str, Any]] = [
     {  # watch our resources; kopf keeps its bookkeeping in annotations (patch)
         "apiGroups": [api.GROUP],
-        "resources": ["trainingjobs", "modelservices"],
+        "resources": _OURS,
         "verbs": ["get", "list", "watch", "patch"],
     },
     {
         "apiGroups": [api.GROUP],
-        "resources": ["trainingjobs/status", "modelservices/status"],
+        "resources": [f"{plural}/status" for plural in _OURS],
         "verbs": ["get", "patch"],
     },
     {  # the KubeRay objects the operator owns
-        "apiGroups": ["ray.io"],
-        "resources": ["rayjobs", "rayservices"],
+        "apiGroups": [api.KUBERAY_GROUP],
+        "resources": _KUBERAY,
         "verbs": ["get", "list", "watch", "create", "patch"],
     },
     {  # per-TrainingJob identity of the Ray pods (progress reporting)

@@ -94,8 +94,10 @@ def problems(model: type[BaseModel], err: ValidationError) -> list[str]:
     return [_describe(model, e) for e in err.errors(include_url=False)]
 
 
-def parse(doc: Any) -> api.ApiModel:
-    """Validate one document (a parsed YAML/JSON object) against the rayship API."""
+def parse(doc: Any, *, local: bool = False) -> api.ApiModel:
+    """Validate one document (a parsed YAML/JSON object) against the rayship API.
+
+    `local=True` skips the rules only a cluster needs (e.g. checkpoint storage): `rayship run`."""
     if not isinstance(doc, Mapping):
         raise SpecError(
             [
@@ -111,13 +113,13 @@ def parse(doc: Any) -> api.ApiModel:
             [f"apiVersion: {doc.get('apiVersion')!r} is not served; use apiVersion: {api.API_VERSION}"]
         )
     try:
-        return kind.model.model_validate(doc)
+        return kind.model.model_validate(doc, context={"local": local})
     except ValidationError as err:
         raise SpecError(problems(kind.model, err)) from None
 
 
-def parse_trainingjob(doc: Any) -> api.TrainingJob:
-    obj = parse(doc)
+def parse_trainingjob(doc: Any, *, local: bool = False) -> api.TrainingJob:
+    obj = parse(doc, local=local)
     if not isinstance(obj, api.TrainingJob):
-        raise SpecError([f"kind: expected TrainingJob, got {obj.kind}"])
+        raise SpecError([f"kind: expected TrainingJob, got {type(obj).__name__}"])
     return obj

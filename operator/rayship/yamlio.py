@@ -1,8 +1,10 @@
-"""YAML the way Kubernetes reads it: YAML 1.2 numbers, so `2e-5` is a float (PyYAML, following
-YAML 1.1, would make it the string "2e-5" and strict validation would then reject it)."""
+"""Serialization: YAML the way Kubernetes reads it (YAML 1.2 numbers, so `2e-5` is a float; PyYAML,
+following YAML 1.1, would make it the string "2e-5" and strict validation would then reject it), and
+canonical JSON for what rayship stores in annotations and hashes."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -27,3 +29,8 @@ def load_all(text: str) -> Iterator[Any]:
 
 def load(text: str) -> Any:
     return yaml.load(text, Loader=Loader)  # noqa: S506
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no spaces: equal values always give equal strings (annotations, hashes)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))

@@ -76,7 +76,7 @@ def test_round_trip_create_run_succeed_delete(emulator, kube_api, run_kopf) -> N
         assert owner["uid"] == created["metadata"]["uid"] and owner["kind"] == "TrainingJob"
         assert owner["controller"] is True and owner["blockOwnerDeletion"] is True
         assert rayjob["metadata"]["labels"]["rayship.dev/trainingjob"] == "mlp-ddp"
-        assert rayjob["spec"]["entrypoint"].startswith("python -m rayship_workloads.train --spec ")
+        assert rayjob["spec"]["entrypoint"].startswith("python -m rayship_workloads.job --spec ")
         # The Ray pods' own account may patch this TrainingJob's status (progress), nothing else.
         for kind in ("serviceaccounts", "roles", "rolebindings"):
             obj = emulator.get(RESOURCES[kind], NS, "mlp-ddp-workload")

@@ -100,7 +100,7 @@ SPEC_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
         _set("spec.data", {"source": "uri", "uri": "s3://b/d", "format": "avro"}),
         "spec.data.format",
     ),
-    ("missing-checkpoint", _delete("spec.checkpoint"), "spec.checkpoint"),
+    ("missing-checkpoint", _delete("spec.checkpoint"), "checkpoint.storage is required in a cluster"),
     ("checkpoint-both-storages", _set("spec.checkpoint.storage.uri", "s3://b/c"), "spec.checkpoint.storage"),
     ("checkpoint-no-storage", _set("spec.checkpoint.storage", {}), "spec.checkpoint.storage"),
     (

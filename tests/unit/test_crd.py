@@ -133,7 +133,7 @@ def test_crd_and_models_reject_the_bad_corpus(case: str, mutate, field: str, tra
 
 def test_defaults_in_crd_match_models(trainingjob_validator) -> None:
     """The API server's defaulting (from the CRD) and the models' defaults give the same spec."""
-    from tests.schema import apply_defaults
+    from tools.strict_schema import apply_defaults
 
     doc = yaml.safe_load((SAMPLES / "trainingjob-ddp.yaml").read_text())
     server_side = apply_defaults(trainingjob_validator.schema, copy.deepcopy(doc))["spec"]

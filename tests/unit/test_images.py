@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from rayship import __version__, cli, render, render_service
+from rayship import __version__, cli, modelservice, trainingjob
 from rayship.config import OperatorConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -193,7 +193,7 @@ def cli_liveness_default() -> str:
 
 def workload_modules() -> list[str]:
     """The modules the rendered objects run: the RayJob entrypoint and the Serve import path."""
-    return [render.TRAIN_MODULE, render_service.IMPORT_PATH.partition(":")[0]]
+    return [trainingjob.JOB_MODULE, modelservice.IMPORT_PATH.partition(":")[0]]
 
 
 def liveness_url(df: Dockerfile) -> str:
@@ -513,7 +513,7 @@ MUTATIONS = [
         "COPY --chown=1000:100 bench/",
     ),
     (WORKLOADS_DOCKERFILE, check_workload_pins_match_pyproject, "-r /tmp/torch.txt", "torch==2.12.0"),
-    (WORKLOADS_DOCKERFILE, check_workload_self_check, '"import rayship_workloads.train, ', '"import '),
+    (WORKLOADS_DOCKERFILE, check_workload_self_check, '"import rayship_workloads.job, ', '"import '),
     (
         WORKLOADS_DOCKERFILE,
         check_workload_self_check,

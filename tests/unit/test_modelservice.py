@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
-from rayship import cli, modelservice, render_service
+from rayship import cli, modelservice
 from rayship.config import OperatorConfig
 from rayship.validation import SpecError, parse
 from tests.conftest import SAMPLES
-from tests.kuberay_rules import rayservice_violations
+from tools.kuberay_rules import rayservice_violations
 
 GOLDEN = Path(__file__).parent / "golden"
 SAMPLE = SAMPLES / "modelservice-from-trainingjob.yaml"
@@ -70,7 +70,7 @@ def test_serve_config_is_valid_for_ray_and_the_app(spec: Path) -> None:
     (app,) = config["applications"]
     args = ServeArgs.model_validate(app["args"])
     assert args.model_uri == URI and args.route_prefix == app["route_prefix"]
-    assert app["import_path"] == render_service.IMPORT_PATH
+    assert app["import_path"] == modelservice.IMPORT_PATH
     module, _, attr = app["import_path"].partition(":")
     assert callable(getattr(__import__(module, fromlist=[attr]), attr))
 
@@ -117,7 +117,7 @@ def test_a_new_model_changes_only_serve_config() -> None:
 
 
 def test_url() -> None:
-    assert render_service.service_url(parse(load())) == "http://mlp-serve-svc.default.svc:8000/mlp"
+    assert modelservice.service_url(parse(load())) == "http://mlp-serve-svc.default.svc:8000/mlp"
 
 
 # --- bad input ---------------------------------------------------------------------------------
@@ -205,7 +205,7 @@ def test_plan_create_then_rollout_then_cluster_change() -> None:
     ms = load()
     done = tj("Succeeded", model="s3://m/v1")
     first = modelservice.plan(ms, None, done, CONFIG)
-    assert first.create is not None and first.patch is None and first.desired_uri == "s3://m/v1"
+    assert first.create is not None and first.patch is None and first.context.desired_uri == "s3://m/v1"
     stored = copy.deepcopy(first.create)
     assert modelservice.plan(ms, stored, done, CONFIG).patch is None  # idempotent
 
@@ -221,7 +221,7 @@ def test_plan_create_then_rollout_then_cluster_change() -> None:
 
 def test_waiting_plan_creates_nothing() -> None:
     waiting = modelservice.plan(load(), None, tj("Running"), CONFIG)
-    assert waiting.create is None and waiting.desired_uri is None
+    assert waiting.create is None and waiting.context.desired_uri is None
 
 
 # --- status ------------------------------------------------------------------------------------
@@ -258,7 +258,7 @@ def derive(ms, rayservice, trainingjob, current=None):
     if current:
         ms["status"] = current
     todo = modelservice.plan(ms, rayservice, trainingjob, CONFIG)
-    return modelservice.derive(ms, rayservice, todo, NOW)
+    return modelservice.status(ms, rayservice, todo, NOW)
 
 
 def by_type(st):

@@ -7,8 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from rayship import api, status
-from rayship.status import Observation, derive
+from rayship import api, trainingjob
+from rayship.conditions import owned_changes
+from rayship.trainingjob import Observation, derive
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
 DEPLOYMENT = [
@@ -73,7 +74,7 @@ def test_no_contradictions(deployment: str, job: str) -> None:
     st = derive(obs(rayjob(deployment, job)), NOW)
     api.TrainingJobStatus.model_validate(st)  # every derived status fits the CRD's status schema
     by_type = conditions(st)
-    true = [t for t in status.PHASE_CONDITIONS if by_type[t]["status"] == "True"]
+    true = [t for t in trainingjob.PHASE_CONDITIONS if by_type[t]["status"] == "True"]
     assert len(true) <= 1
     expected = {
         "Running": ["Running"],
@@ -164,5 +165,5 @@ def test_rayjob_fields_and_gpu_seconds() -> None:
 def test_owned_changes_is_empty_when_nothing_changed() -> None:
     st = derive(obs(rayjob("Running", "RUNNING")), NOW)
     stored = {**st, "progress": {"epoch": 2}}  # written by the workload, not ours
-    assert status.owned_changes(stored, derive(obs(rayjob("Running", "RUNNING"), current=stored), NOW)) == {}
+    assert owned_changes(stored, derive(obs(rayjob("Running", "RUNNING"), current=stored), NOW)) == {}
     assert "progress" not in derive(obs(rayjob("Complete", "SUCCEEDED"), current=stored), NOW)

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rayship import names, render
+from rayship import names, trainingjob
 from rayship.config import OperatorConfig
 from rayship.validation import parse_trainingjob
 from tests.conftest import SAMPLES
-from tests.kuberay_rules import rayjob_violations
+from tools.kuberay_rules import rayjob_violations
 
 GOLDEN = Path(__file__).parent / "golden"
 SPECS = [
@@ -32,7 +32,7 @@ def load(path: Path) -> dict:
 
 
 def rendered_all(path: Path, config: OperatorConfig = CONFIG) -> list[dict]:
-    return render.render_trainingjob(parse_trainingjob(load(path)), config)
+    return trainingjob.render_trainingjob(parse_trainingjob(load(path)), config)
 
 
 def rendered(path: Path, config: OperatorConfig = CONFIG) -> dict:
@@ -89,8 +89,8 @@ def test_render_is_deterministic_and_pure(spec: Path) -> None:
     doc = load(spec)
     reordered = json.loads(json.dumps(doc, sort_keys=True))  # same content, other key order
     before = copy.deepcopy(doc)
-    first = render.render_trainingjob(parse_trainingjob(doc), CONFIG)
-    assert render.render_trainingjob(parse_trainingjob(reordered), CONFIG) == first
+    first = trainingjob.render_trainingjob(parse_trainingjob(doc), CONFIG)
+    assert trainingjob.render_trainingjob(parse_trainingjob(reordered), CONFIG) == first
     assert doc == before, "the renderer must not mutate its input"
 
 
@@ -194,7 +194,7 @@ def test_secrets_only_by_reference() -> None:
 def test_entrypoint_carries_the_resolved_trainingjob(spec: Path) -> None:
     doc = parse_trainingjob(load(spec))
     argv = shlex.split(rendered(spec)["spec"]["entrypoint"])
-    assert argv[:4] == ["python", "-m", "rayship_workloads.train", "--spec"]
+    assert argv[:4] == ["python", "-m", "rayship_workloads.job", "--spec"]
     handed = parse_trainingjob(json.loads(argv[4]))
     assert handed.metadata.name == doc.metadata.name
     assert handed.spec.image == (doc.spec.image or CONFIG.default_image)
@@ -274,10 +274,3 @@ def test_operator_config_reads_environment(monkeypatch) -> None:
     monkeypatch.setenv("RAYSHIP_GPU_NODE_SELECTOR", '{"accelerator": "a100"}')
     config = OperatorConfig()
     assert config.default_image == "env/img:2" and config.gpu_node_selector == {"accelerator": "a100"}
-
-
-@pytest.mark.parametrize(
-    ("cores", "quantity"), [(4, "4"), (4.0, "4"), (0.5, "500m"), (2.25, "2250m"), (0.001, "1m")]
-)
-def test_cpu_quantity(cores: float, quantity: str) -> None:
-    assert render.cpu_quantity(cores) == quantity

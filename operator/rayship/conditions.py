@@ -1,0 +1,87 @@
+"""Status building blocks shared by both kinds, all pure: metav1.Condition, "write only what changed",
+the Events a reconcile announces, and the `Plan` both planners return to the reconcile loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+# The API server rejects a condition message over 32 KiB (metav1.Condition); keep well under it.
+MAX_MESSAGE = 4096
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event the reconcile loop posts on the resource."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one reconcile should do to the child (RayJob / RayService); pure data, no I/O.
+
+    `create` is created (after `prerequisites`, each adopted by the resource) when there is no
+    child; `patch` is merge-patched onto the existing child. `on_create`/`on_patch` are announced
+    once that happened. `context` is kind-specific and handed to the kind's `derive`.
+    """
+
+    child_name: str
+    create: dict[str, Any] | None = None
+    patch: dict[str, Any] | None = None
+    prerequisites: tuple[dict[str, Any], ...] = ()
+    on_create: Event | None = None
+    on_patch: Event | None = None
+    context: Any = None
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+
+def truncate(message: str, limit: int = MAX_MESSAGE) -> str:
+    return message if len(message) <= limit else message[: limit - 15] + " ...(truncated)"
+
+
+def find(status: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any]:
+    """The condition of `type_` in a status (ours or KubeRay's), or `{}`."""
+    return next((c for c in (status or {}).get("conditions") or [] if c.get("type") == type_), {})
+
+
+def condition(
+    current: Mapping[str, Any],
+    type_: str,
+    ok: bool,
+    reason: str,
+    message: str,
+    generation: int,
+    now: datetime,
+) -> dict[str, Any]:
+    """A metav1.Condition; its lastTransitionTime is kept from `current` while its status is unchanged."""
+    previous = find(current, type_)
+    value = "True" if ok else "False"
+    return {
+        "type": type_,
+        "status": value,
+        "reason": reason,
+        "message": truncate(message),
+        "lastTransitionTime": previous["lastTransitionTime"]
+        if previous.get("status") == value and previous.get("lastTransitionTime")
+        else rfc3339(now),
+        "observedGeneration": generation,
+    }
+
+
+def owned_changes(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch that turns `current` into `desired` for the operator-owned keys only
+    (empty when nothing changed: the status is written only when it changes)."""
+    return {k: v for k, v in desired.items() if current.get(k) != v}

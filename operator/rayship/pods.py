@@ -1,0 +1,133 @@
+"""Shared pure builders for the Ray pods of both kinds: pod template, container env, GPU placement,
+security contexts, quantities. No I/O, no globals: cluster conventions come in through
+`OperatorConfig`, so the same input always gives the same dicts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rayship import api, names
+from rayship.config import OperatorConfig
+
+RAY_API_VERSION = f"{api.KUBERAY_GROUP}/{api.KUBERAY_VERSION}"
+
+
+def cpu_quantity(cores: float) -> str:
+    """4.0 -> "4", 0.5 -> "500m": the canonical Kubernetes form."""
+    millis = round(cores * 1000)
+    return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
+
+
+def object_ref(meta: api.ObjectMeta) -> str:
+    return f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name
+
+
+def object_meta(meta: api.ObjectMeta, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """metadata of a child object: its name, the owner's namespace (if any) and labels."""
+    out: dict[str, Any] = {"name": name}
+    if meta.namespace:
+        out["namespace"] = meta.namespace
+    out["labels"] = dict(labels)
+    return out
+
+
+def container_security_context(config: OperatorConfig) -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "runAsUser": config.run_as_user,
+    }
+
+
+def pod_security_context(config: OperatorConfig) -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": config.run_as_user,
+        "fsGroup": 100,  # the ray image's `users` group: lets the ray user write to mounted PVCs
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_env(ref: str, gpus: int, user_env: list[api.EnvVar], ref_var: str) -> list[dict[str, Any]]:
+    """`ref_var=<namespace>/<name>` of the owning resource, GPU hiding, then the user's env."""
+    env: list[dict[str, Any]] = [{"name": ref_var, "value": ref}]
+    if gpus == 0:
+        # Without this, the NVIDIA runtime exposes every GPU of the node to a pod that asked for none.
+        env.append({"name": names.ENV_NVIDIA_VISIBLE_DEVICES, "value": "void"})
+    env.extend(e.wire() for e in user_env)
+    return env
+
+
+Volumes = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # (pod volumes, container volumeMounts)
+
+
+def pod_template(
+    config: OperatorConfig,
+    *,
+    image: str,
+    container: str,
+    cpus: float,
+    memory: str,
+    gpus: int,
+    labels: dict[str, str],
+    env: list[dict[str, Any]],
+    volumes: Volumes = ([], []),
+    node_selector: dict[str, str] | None = None,
+    tolerations: list[dict[str, Any]] | None = None,
+    priority_class: str | None = None,
+    service_account: str | None = None,
+) -> dict[str, Any]:
+    """A Ray pod: limits == requests (GPUs included), a memory-backed /dev/shm, non-root."""
+    resources: dict[str, str] = {"cpu": cpu_quantity(cpus), "memory": memory}
+    if gpus:
+        resources[config.gpu_resource] = str(gpus)
+    pod: dict[str, Any] = {
+        "securityContext": pod_security_context(config),
+        "containers": [
+            {
+                "name": container,
+                "image": image,
+                # limits == requests: Guaranteed QoS, and GPUs must be requested as limits anyway
+                "resources": {"limits": dict(resources), "requests": dict(resources)},
+                "env": env,
+                # /dev/shm in memory: NCCL and DataLoader workers need more than Docker's 64 MB
+                "volumeMounts": [{"name": names.SHM_VOLUME, "mountPath": "/dev/shm"}, *volumes[1]],
+                "securityContext": container_security_context(config),
+            }
+        ],
+        "volumes": [
+            {"name": names.SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": memory}},
+            *volumes[0],
+        ],
+    }
+    if node_selector:
+        pod["nodeSelector"] = dict(sorted(node_selector.items()))
+    if tolerations:
+        pod["tolerations"] = tolerations
+    if priority_class:
+        pod["priorityClassName"] = priority_class
+    if service_account:
+        pod["serviceAccountName"] = service_account
+    return {"metadata": {"labels": dict(labels)}, "spec": pod}
+
+
+def gpu_placement(
+    config: OperatorConfig,
+    gpus: int,
+    gpu_product: str | None,
+    node_selector: dict[str, str],
+    tolerations: list[api.Toleration],
+) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """Node selector and tolerations of a worker group: the GPU conventions, then the user's own."""
+    selector: dict[str, str] = {}
+    tols: list[dict[str, Any]] = []
+    if gpus:
+        selector.update(config.gpu_node_selector)
+        tols.extend(config.gpu_tolerations)
+        if gpu_product:
+            selector[config.gpu_product_label] = gpu_product
+    selector.update(node_selector)
+    tols.extend(t.wire() for t in tolerations)
+    return selector, tols

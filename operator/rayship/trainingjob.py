@@ -1,0 +1,504 @@
+"""TrainingJob: render the RayJob, plan a reconcile, derive the status. Pure: no I/O, no clock.
+
+- render: a validated TrainingJob in, the KubeRay `ray.io/v1` objects out (golden-tested), built on
+  the shared pod builders in `rayship.pods`. Everything cluster-specific comes in via `OperatorConfig`.
+- plan: given the TrainingJob and its RayJob as stored, what should change (`conditions.Plan`).
+- status: one lookup table maps KubeRay's (jobDeploymentStatus, jobStatus) to our phase; the
+  conditions are derived from the phase, so they never contradict it. Only operator-owned fields
+  are returned; `progress` and `checkpoint` belong to the workload and are never touched here.
+
+(KubeRay's rayjob_controller is the model: one module per kind over shared builders.)
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from rayship import api, names, pods
+from rayship.conditions import Event, Plan, condition, find, parse_time
+from rayship.config import OperatorConfig
+from rayship.validation import SpecError, parse_trainingjob
+from rayship.yamlio import canonical_json
+
+JOB_MODULE = "rayship_workloads.job"  # the workload driver: `python -m rayship_workloads.job --spec`
+
+# --- render ------------------------------------------------------------------------------------
+
+
+def resolved_spec(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
+    """The spec as the workload sees it: defaults applied, image and rayVersion resolved."""
+    spec = tj.spec.wire()
+    spec.setdefault("image", config.default_image)
+    spec.setdefault("rayVersion", config.default_ray_version)
+    return spec
+
+
+def workload_document(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
+    """The TrainingJob handed to `python -m rayship_workloads.job --spec` (same YAML, resolved)."""
+    meta = {"name": tj.metadata.name}
+    if tj.metadata.namespace:
+        meta["namespace"] = tj.metadata.namespace
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": "TrainingJob",
+        "metadata": meta,
+        "spec": resolved_spec(tj, config),
+    }
+
+
+def train_entrypoint(tj: api.TrainingJob, config: OperatorConfig) -> str:
+    return f"python -m {JOB_MODULE} --spec {shlex.quote(canonical_json(workload_document(tj, config)))}"
+
+
+def _checkpoint_volumes(tj: api.TrainingJob) -> pods.Volumes:
+    storage = tj.spec.checkpoint.storage
+    pvc = storage.pvc if storage is not None else None
+    if pvc is None:
+        return [], []
+    return (
+        [{"name": names.CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": pvc.claim_name}}],
+        [{"name": names.CHECKPOINT_VOLUME, "mountPath": pvc.mount_path}],
+    )
+
+
+def _tj_pod(
+    tj: api.TrainingJob,
+    config: OperatorConfig,
+    *,
+    container: str,
+    cpus: float,
+    memory: str,
+    gpus: int,
+    labels: dict[str, str],
+    node_selector: dict[str, str],
+    tolerations: list[dict[str, Any]],
+) -> dict[str, Any]:
+    return pods.pod_template(
+        config,
+        image=resolved_spec(tj, config)["image"],
+        container=container,
+        cpus=cpus,
+        memory=memory,
+        gpus=gpus,
+        labels=labels,
+        env=pods.container_env(pods.object_ref(tj.metadata), gpus, tj.spec.env, names.ENV_TRAININGJOB),
+        volumes=_checkpoint_volumes(tj),
+        node_selector=node_selector,
+        tolerations=tolerations,
+        priority_class=tj.spec.scheduling.priority_class_name,
+        service_account=names.workload_account(tj.metadata.name),  # reports progress
+    )
+
+
+def build_rayjob(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
+    """The RayJob for a TrainingJob: a fixed-size GPU worker group, a CPU-only head, and a cluster
+    that is always torn down after the job (no zombie GPU clusters)."""
+    spec = tj.spec
+    name = names.rayjob_name(tj.metadata.name)
+    labels = names.labels("TrainingJob", tj.metadata.name, "training")
+    resolved = resolved_spec(tj, config)
+    head_template = _tj_pod(
+        tj,
+        config,
+        container=names.HEAD_CONTAINER,
+        cpus=spec.head.cpus,
+        memory=spec.head.memory,
+        gpus=0,
+        labels=labels,
+        node_selector={},
+        tolerations=[],
+    )
+    workers = spec.workers
+    selector, tolerations = pods.gpu_placement(
+        config, workers.gpus_per_worker, workers.gpu_product, workers.node_selector, workers.tolerations
+    )
+    worker_template = _tj_pod(
+        tj,
+        config,
+        container=names.WORKER_CONTAINER,
+        cpus=spec.workers.cpus_per_worker,
+        memory=spec.workers.memory_per_worker,
+        gpus=spec.workers.gpus_per_worker,
+        labels=labels,
+        node_selector=selector,
+        tolerations=tolerations,
+    )
+    replicas = spec.workers.replicas
+    rayjob_spec: dict[str, Any] = {
+        "entrypoint": train_entrypoint(tj, config),
+        "submissionMode": "K8sJobMode",
+        "shutdownAfterJobFinishes": True,
+        "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
+        "backoffLimit": spec.failure_policy.retries,
+        "suspend": spec.suspend,
+        "submitterPodTemplate": _submitter_template(tj, config, labels),
+        "rayClusterSpec": {
+            "rayVersion": resolved["rayVersion"],
+            "enableInTreeAutoscaling": False,
+            "authOptions": {"mode": "token"},
+            "headGroupSpec": {
+                # The head coordinates; training happens on the GPU workers only.
+                "rayStartParams": {"num-cpus": "0"},
+                "template": head_template,
+            },
+            "workerGroupSpecs": [
+                {
+                    "groupName": names.TRAINING_WORKER_GROUP,
+                    "replicas": replicas,
+                    "minReplicas": replicas,
+                    "maxReplicas": replicas,
+                    "rayStartParams": {},
+                    "template": worker_template,
+                }
+            ],
+        },
+    }
+    if spec.failure_policy.active_deadline_seconds is not None:
+        rayjob_spec["activeDeadlineSeconds"] = spec.failure_policy.active_deadline_seconds
+    metadata: dict[str, Any] = {"name": name}
+    if tj.metadata.namespace:
+        metadata["namespace"] = tj.metadata.namespace
+    metadata["labels"] = dict(labels)
+    if spec.scheduling.queue:
+        metadata["labels"][names.LABEL_KUEUE_QUEUE] = spec.scheduling.queue
+    metadata["annotations"] = {names.ANNOTATION_SPEC: canonical_json(tj.spec.wire())}
+    return {"apiVersion": pods.RAY_API_VERSION, "kind": "RayJob", "metadata": metadata, "spec": rayjob_spec}
+
+
+def _submitter_template(tj: api.TrainingJob, config: OperatorConfig, labels: dict[str, str]) -> dict:
+    """The pod that runs `ray job submit`: KubeRay's default, hardened (non-root, no escalation)."""
+    resources = {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "500m", "memory": "200Mi"}}
+    pod = {
+        "restartPolicy": "Never",
+        "securityContext": pods.pod_security_context(config),
+        "containers": [
+            {
+                "name": names.SUBMITTER_CONTAINER,
+                "image": resolved_spec(tj, config)["image"],
+                "resources": resources,
+                "securityContext": pods.container_security_context(config),
+            }
+        ],
+    }
+    if tj.spec.scheduling.priority_class_name:
+        pod["priorityClassName"] = tj.spec.scheduling.priority_class_name
+    return {"metadata": {"labels": dict(labels)}, "spec": pod}
+
+
+def build_workload_rbac(tj: api.TrainingJob) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding for the Ray pods: they may read and patch the status of
+    their own TrainingJob (progress reporting) and nothing else."""
+    name = names.workload_account(tj.metadata.name)
+    metadata: dict[str, Any] = {"name": name}
+    if tj.metadata.namespace:
+        metadata["namespace"] = tj.metadata.namespace
+    metadata["labels"] = names.labels("TrainingJob", tj.metadata.name, "workload-rbac")
+    subject: dict[str, Any] = {"kind": "ServiceAccount", "name": name}
+    if tj.metadata.namespace:
+        subject["namespace"] = tj.metadata.namespace
+    rule = {
+        "apiGroups": [api.GROUP],
+        "resources": [f"{api.TRAINING_JOB.plural}/status"],
+        "resourceNames": [tj.metadata.name],
+        "verbs": ["get", "patch"],
+    }
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(metadata)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": dict(metadata),
+            "rules": [rule],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": dict(metadata),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [subject],
+        },
+    ]
+
+
+def render_trainingjob(tj: api.TrainingJob, config: OperatorConfig) -> list[dict[str, Any]]:
+    """Every object the operator creates for a TrainingJob, in creation order."""
+    return [*build_workload_rbac(tj), build_rayjob(tj, config)]
+
+
+def total_gpus(tj: api.TrainingJob) -> int:
+    return tj.spec.workers.replicas * tj.spec.workers.gpus_per_worker
+
+
+# --- plan --------------------------------------------------------------------------------------
+
+# Spec fields KubeRay applies to a live RayJob; every other edit after launch is reported.
+MUTABLE_FIELDS = frozenset({"suspend"})
+
+
+def spec_edits(applied: Any, desired: Any, prefix: str = "") -> list[str]:
+    """Dotted paths where `desired` differs from `applied` (lists compared whole)."""
+    if isinstance(applied, Mapping) and isinstance(desired, Mapping):
+        paths: list[str] = []
+        for key in sorted(set(applied) | set(desired)):
+            paths += spec_edits(applied.get(key), desired.get(key), f"{prefix}{key}.")
+        return paths
+    return [] if applied == desired else [prefix.rstrip(".")]
+
+
+def applied_spec(rayjob: Mapping[str, Any]) -> dict[str, Any] | None:
+    raw = (rayjob.get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_SPEC)
+    return json.loads(raw) if raw else None
+
+
+def plan(
+    trainingjob: Mapping[str, Any],
+    rayjob: Mapping[str, Any] | None,
+    related: Mapping[str, Any] | None,
+    config: OperatorConfig,
+) -> Plan:
+    """The reconcile's plan; its `context` is the `Observation` that `status()` completes."""
+    del related  # a TrainingJob depends on nothing but itself
+    meta = trainingjob["metadata"]
+    rayjob_name = names.rayjob_name(meta["name"])
+    current = trainingjob.get("status") or {}
+    base = Observation(generation=meta.get("generation", 0), current=current, rayjob_name=rayjob_name)
+    try:
+        tj = parse_trainingjob(trainingjob)
+    except SpecError as err:
+        return Plan(rayjob_name, context=replace(base, invalid="; ".join(err.problems)))
+
+    observed = replace(base, gpus=total_gpus(tj))
+    if rayjob is None:
+        if current.get("phase") in api.TERMINAL_PHASES:
+            return Plan(rayjob_name, context=observed)  # finished: never start it again
+        *rbac, created = render_trainingjob(tj, config)
+        return Plan(
+            rayjob_name,
+            create=created,
+            prerequisites=tuple(rbac),
+            on_create=Event("Normal", "RayJobCreated", f"created RayJob {rayjob_name}"),
+            context=observed,
+        )
+
+    launched = applied_spec(rayjob)
+    wanted = tj.spec.wire()
+    if launched is None:  # not rendered by rayship: report, never overwrite
+        return Plan(rayjob_name, context=replace(observed, unapplied=("(RayJob not managed by rayship)",)))
+    edits = spec_edits(launched, wanted)
+    mutable = [p for p in edits if p in MUTABLE_FIELDS]
+    patch = None
+    if mutable:
+        launched.update({p: wanted[p] for p in mutable})
+        patch = {
+            "metadata": {"annotations": {names.ANNOTATION_SPEC: canonical_json(launched)}},
+            "spec": {p: wanted[p] for p in mutable},
+        }
+    unapplied = tuple(p for p in edits if p not in MUTABLE_FIELDS)
+    return Plan(
+        rayjob_name,
+        patch=patch,
+        on_patch=Event("Normal", "RayJobUpdated", f"applied {sorted(mutable)}"),
+        context=replace(observed, unapplied=unapplied),
+    )
+
+
+# --- status ------------------------------------------------------------------------------------
+
+ANY = "*"
+
+# (jobDeploymentStatus, jobStatus) -> (phase, reason, message). KubeRay v1.7 values.
+# A message of None means "use the RayJob's own status.message".
+PHASE_TABLE: dict[tuple[str, str], tuple[str, str, str | None]] = {
+    ("", ANY): ("Pending", "RayJobCreated", "KubeRay has not started the Ray cluster yet"),
+    ("Initializing", ANY): (
+        "Pending",
+        "ClusterInitializing",
+        "the Ray cluster is starting (pulling images, scheduling GPU pods)",
+    ),
+    ("Waiting", ANY): (
+        "Pending",
+        "WaitingForSubmission",
+        "the Ray cluster waits for the job to be submitted",
+    ),
+    ("Running", ""): ("Pending", "JobSubmitting", "the Ray cluster is ready; the job is being submitted"),
+    ("Running", "PENDING"): ("Pending", "JobPending", "the Ray job is submitted and waits to start"),
+    ("Running", "RUNNING"): ("Running", "JobRunning", "training is running"),
+    ("Running", "SUCCEEDED"): ("Running", "JobFinishing", "the Ray job succeeded; KubeRay is finalizing"),
+    ("Running", "FAILED"): (
+        "Running",
+        "AttemptEnded",
+        "the Ray job attempt failed; KubeRay decides whether to retry",
+    ),
+    ("Running", "STOPPED"): (
+        "Running",
+        "AttemptEnded",
+        "the Ray job was stopped; KubeRay decides whether to retry",
+    ),
+    ("Complete", "SUCCEEDED"): ("Succeeded", "JobSucceeded", "training finished successfully"),
+    ("Complete", ANY): ("Failed", "JobNotSucceeded", None),
+    ("Failed", ANY): ("Failed", "RayJobFailed", None),
+    ("ValidationFailed", ANY): ("Failed", "RayJobValidationFailed", None),
+    ("Suspending", ANY): (
+        "Suspended",
+        "Suspending",
+        "the Ray cluster is being deleted; the job can be resumed",
+    ),
+    ("Suspended", ANY): ("Suspended", "Suspended", "no Ray cluster runs; set spec.suspend: false to resume"),
+    ("Retrying", ANY): ("Pending", "Retrying", "an attempt failed; KubeRay is starting a new Ray cluster"),
+}
+
+PHASE_CONDITIONS = ("Running", "Complete", "Failed", "Suspended")
+_CONDITION_OF_PHASE = {
+    "Running": "Running",
+    "Succeeded": "Complete",
+    "Failed": "Failed",
+    "Suspended": "Suspended",
+}
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything the status is derived from, gathered by the operator."""
+
+    generation: int
+    current: Mapping[str, Any] = field(default_factory=dict)  # the TrainingJob's status as stored
+    rayjob: Mapping[str, Any] | None = None  # the owned RayJob, if any
+    rayjob_name: str | None = None
+    invalid: str | None = None  # why the spec cannot be rendered (None: valid)
+    unapplied: tuple[str, ...] = ()  # spec fields edited after launch that KubeRay cannot apply
+    gpus: int | None = None
+
+
+def phase_of(rayjob_status: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(phase, reason, message) for a RayJob status, through PHASE_TABLE."""
+    deployment = rayjob_status.get("jobDeploymentStatus") or ""
+    job = rayjob_status.get("jobStatus") or ""
+    entry = PHASE_TABLE.get((deployment, job)) or PHASE_TABLE.get((deployment, ANY))
+    if entry is None:
+        return ("Pending", "UnknownRayJobState", f"unrecognised RayJob state {deployment!r}/{job!r}")
+    phase, reason, message = entry
+    if phase == "Failed":
+        reason = rayjob_status.get("reason") or reason  # KubeRay's own: AppFailed, DeadlineExceeded...
+        detail = (
+            rayjob_status.get("message") or f"jobDeploymentStatus={deployment}, jobStatus={job or 'none'}"
+        )
+        message = f"{detail} (attempts failed: {rayjob_status.get('failed') or 0})"
+    elif reason == "Retrying":
+        message = f"{message} (attempts failed so far: {rayjob_status.get('failed') or 0})"
+    return phase, reason, message or ""
+
+
+def _condition(type_: str, ok: bool, reason: str, message: str, obs: Observation, now: datetime) -> dict:
+    return condition(obs.current, type_, ok, reason, message, obs.generation, now)
+
+
+def derive(obs: Observation, now: datetime) -> dict[str, Any]:
+    """The operator-owned part of the TrainingJob status."""
+    current_phase = obs.current.get("phase")
+    if obs.invalid is not None and obs.rayjob is None:
+        return {
+            "phase": "Invalid",
+            "observedGeneration": obs.generation,
+            "conditions": [_condition("Valid", False, "InvalidSpec", obs.invalid, obs, now)],
+        }
+
+    rayjob_status: Mapping[str, Any] = (obs.rayjob or {}).get("status") or {}
+    if obs.rayjob is None:
+        phase, reason, message = "Pending", "CreatingRayJob", "the RayJob is being created"
+    else:
+        phase, reason, message = phase_of(rayjob_status)
+    if current_phase in api.TERMINAL_PHASES and phase != current_phase:
+        # A finished job stays finished, whatever happens to its RayJob afterwards.
+        return _keep_terminal(obs, now)
+
+    conditions = [_condition("Valid", True, "SpecValid", "the spec is valid", obs, now)]
+    active = _CONDITION_OF_PHASE.get(phase)
+    for type_ in PHASE_CONDITIONS:
+        conditions.append(_condition(type_, type_ == active, reason, message, obs, now))
+    if obs.rayjob is not None:
+        conditions.append(_spec_applied(obs, now))
+
+    status: dict[str, Any] = {"phase": phase, "observedGeneration": obs.generation, "conditions": conditions}
+    status.update(_rayjob_fields(obs, rayjob_status, phase, now))
+    return status
+
+
+def _spec_applied(obs: Observation, now: datetime) -> dict:
+    if obs.invalid is not None:
+        return _condition("SpecApplied", False, "InvalidSpec", obs.invalid, obs, now)
+    if obs.unapplied:
+        fields = ", ".join(f"spec.{p}" for p in obs.unapplied)
+        message = (
+            f"{fields} changed after launch; KubeRay cannot change a running RayJob, so the job keeps "
+            "its launch settings. Delete and re-create the TrainingJob to apply them "
+            "(it resumes from the latest checkpoint)."
+        )
+        return _condition("SpecApplied", False, "ImmutableAfterLaunch", message, obs, now)
+    return _condition("SpecApplied", True, "Applied", "the RayJob matches the spec", obs, now)
+
+
+def _rayjob_fields(obs: Observation, rj: Mapping[str, Any], phase: str, now: datetime) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if obs.rayjob_name:
+        out["rayJobName"] = obs.rayjob_name
+    for ours, theirs in (
+        ("rayClusterName", "rayClusterName"),
+        ("jobId", "jobId"),
+        ("dashboardURL", "dashboardURL"),
+    ):
+        if rj.get(theirs):
+            out[ours] = rj[theirs]
+    if rj.get("startTime"):
+        out["startTime"] = rj["startTime"]
+    if phase in api.TERMINAL_PHASES and rj.get("endTime"):
+        out["completionTime"] = rj["endTime"]
+    if obs.gpus is not None:
+        out["gpus"] = obs.gpus
+        start = parse_time(rj.get("startTime"))
+        if start is not None:
+            end = parse_time(rj.get("endTime")) or now
+            out["gpuSeconds"] = float(max(0, round((end - start).total_seconds())) * obs.gpus)
+    return out
+
+
+def _keep_terminal(obs: Observation, now: datetime) -> dict[str, Any]:
+    """The stored terminal status, with only the spec-edit condition refreshed."""
+    kept = {k: v for k, v in obs.current.items() if k not in ("progress", "checkpoint")}
+    conditions = [c for c in kept.get("conditions") or [] if c.get("type") != "SpecApplied"]
+    if obs.rayjob is not None:
+        conditions.append(_spec_applied(obs, now))
+    kept["conditions"] = conditions
+    return kept
+
+
+def status(
+    trainingjob: Mapping[str, Any], rayjob: Mapping[str, Any] | None, plan_: Plan, now: datetime
+) -> dict[str, Any]:
+    """The operator-owned status, once the plan was carried out and `rayjob` is what the server holds."""
+    del trainingjob  # everything it contributes is in the plan's Observation
+    return derive(replace(plan_.context, rayjob=rayjob), now)
+
+
+def announce(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Event]:
+    """A Kubernetes Event for each phase transition and each new spec-edit report."""
+    events: list[Event] = []
+    phase = desired.get("phase")
+    if phase != current.get("phase"):
+        # Every phase condition carries the phase's reason and message; Invalid has only "Valid".
+        cond = find(desired, "Valid" if phase == "Invalid" else "Running")
+        events.append(
+            Event(
+                "Warning" if phase in ("Failed", "Invalid") else "Normal",
+                str(cond.get("reason", phase)),
+                f"{phase}: {cond.get('message', '')}",
+            )
+        )
+    before, after = find(current, "SpecApplied"), find(desired, "SpecApplied")
+    if after.get("status") == "False" and after.get("message") != before.get("message"):
+        events.append(Event("Warning", str(after["reason"]), str(after["message"])))
+    return events
