@@ -12,6 +12,7 @@ Field names are camelCase on the wire (aliases); Python code uses snake_case att
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
@@ -41,7 +42,10 @@ DNS1123_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
-RAY_VERSION_PATTERN = r"^[0-9]+\.[0-9]+\.[0-9]+$"
+# Ray >= 2.52.0: KubeRay v1.7 rejects token auth (which rayship always enables) on older Ray.
+RAY_VERSION_PATTERN = r"^(2\.(5[2-9]|[6-9][0-9]|[1-9][0-9]{2,})|([3-9]|[1-9][0-9]+)\.[0-9]+)\.[0-9]+$"
+INT32_MAX = 2**31 - 1  # KubeRay's int32 fields (activeDeadlineSeconds, ttlSecondsAfterFinished)
+MAX_SPEC_BYTES = 64 * 1024  # the resolved spec travels in the RayJob's entrypoint and an annotation
 CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 
 
@@ -319,7 +323,11 @@ class FailurePolicy(ApiModel):
         2, ge=0, le=100, description="Whole-job retries on a new Ray cluster (RayJob backoffLimit)."
     )
     active_deadline_seconds: int | None = Field(
-        None, ge=1, description="Fail the job when it runs longer than this, whatever its state."
+        None,
+        ge=1,
+        le=INT32_MAX,
+        description="Fail an attempt that runs longer than this, whatever its state (KubeRay counts it "
+        "per attempt, from the attempt's start; an exceeded deadline is not retried).",
     )
 
 
@@ -420,7 +428,7 @@ class TrainingJobSpec(ApiModel):
     checkpoint: CheckpointSpec = sub(CheckpointSpec, "Checkpoint storage and retention.")
     failure_policy: FailurePolicy = sub(FailurePolicy, "Retries and deadlines.")
     ttl_seconds_after_finished: int = Field(
-        600, ge=0, description="Seconds the finished Ray cluster lingers before it is deleted."
+        600, ge=0, le=INT32_MAX, description="Seconds the finished Ray cluster lingers before it is deleted."
     )
     suspend: bool = Field(False, description="Suspend: delete the Ray cluster (can be resumed).")
     scheduling: SchedulingSpec = sub(SchedulingSpec, "Queue and priority.")
@@ -430,6 +438,19 @@ class TrainingJobSpec(ApiModel):
     env: list[EnvVar] = Field(
         default_factory=list, max_length=64, description="Environment for every Ray container."
     )
+
+    @model_validator(mode="after")
+    def _fits_in_the_rayjob(self) -> TrainingJobSpec:
+        """The resolved spec is handed to the workload in the RayJob (entrypoint and annotation):
+        Kubernetes caps annotations at 256 KiB and a shell argument at 128 KiB. No CEL function
+        measures an object, so this rule is the operator's and the CLI's only."""
+        size = len(json.dumps(self.wire(), separators=(",", ":")))
+        if size > MAX_SPEC_BYTES:
+            raise ValueError(
+                f"the spec is {size} bytes serialized, over the {MAX_SPEC_BYTES} the RayJob can carry: "
+                "move large values (e.g. trainer.config) into a file in the image or the checkpoint storage"
+            )
+        return self
 
 
 # --- TrainingJob status ------------------------------------------------------------------------
@@ -486,13 +507,22 @@ class TrainingJobStatus(ApiModel):
     )
     conditions: list[Condition] = Field(default_factory=list, description="Latest observations.")
     ray_job_name: str | None = Field(None, description="Name of the owned RayJob.")
+    ray_job_uid: str | None = Field(
+        None, alias="rayJobUID", description="UID of the RayJob launched for it (a missing one is lost)."
+    )
     ray_cluster_name: str | None = Field(None, description="Name of the Ray cluster KubeRay created.")
     job_id: str | None = Field(None, description="Ray job submission id.")
     dashboard_url: str | None = Field(None, alias="dashboardURL", description="Ray dashboard address.")
     start_time: str | None = Field(None, description="When the Ray job started (RFC 3339).")
     completion_time: str | None = Field(None, description="When the Ray job finished (RFC 3339).")
     gpus: int | None = Field(None, ge=0, description="GPUs requested by the worker group.")
-    gpu_seconds: float | None = Field(None, ge=0, description="GPU-seconds consumed by the Ray job so far.")
+    gpu_seconds: float | None = Field(
+        None, ge=0, description="GPU-seconds held by the Ray job so far, summed over its attempts."
+    )
+    gpu_seconds_earlier_attempts: float | None = Field(
+        None, ge=0, description="The part of gpuSeconds from attempts before the current one."
+    )
+    attempt: int | None = Field(None, ge=1, description="Current attempt (KubeRay retries: backoffLimit).")
     progress: ProgressStatus | None = Field(None, description="Training progress.")
     checkpoint: CheckpointStatus | None = Field(None, description="Checkpoints and exported model.")
     tuning: TuningStatus | None = Field(None, description="Hyperparameter search result.")
@@ -654,7 +684,12 @@ class ModelServiceStatus(ApiModel):
     target_model_uri: str | None = Field(
         None, alias="targetModelURI", description="The model being rolled out, until it is ready."
     )
-    ready_replicas: int | None = Field(None, ge=0, description="Serve endpoints ready.")
+    serve_endpoints: int | None = Field(
+        None,
+        ge=0,
+        description="Ray pods whose Serve proxy is ready (KubeRay's numServeEndpoints; KubeRay reports "
+        "no count of Serve replicas).",
+    )
     ray_service_name: str | None = Field(None, description="Name of the owned RayService.")
     observed_generation: int | None = Field(None, ge=0, description="Generation the status reflects.")
 
@@ -741,7 +776,7 @@ MODEL_SERVICE = Kind(
     columns=(
         PrinterColumn("Phase", "string", ".status.phase", "Lifecycle phase."),
         PrinterColumn("Model", "string", ".status.modelURI", "The model being served."),
-        PrinterColumn("Replicas", "integer", ".status.readyReplicas", "Serve endpoints ready."),
+        PrinterColumn("Endpoints", "integer", ".status.serveEndpoints", "Ray pods serving (Serve proxies)."),
         PrinterColumn("URL", "string", ".status.url", "In-cluster URL."),
         PrinterColumn("Age", "date", ".metadata.creationTimestamp", "Time since creation."),
     ),

@@ -22,6 +22,39 @@ class Event:
     message: str
 
 
+Ownership = Literal["owned", "previous", "foreign"]
+
+
+def ownership(child: Mapping[str, Any], owner: Mapping[str, Any]) -> Ownership:
+    """Whose child this is: `owned` (its controller is `owner`, by UID), `previous` (an earlier
+    object of the same kind and name, deleted and re-created: the child waits for garbage
+    collection) or `foreign` (anything else: never adopted, never overwritten)."""
+    refs = child.get("metadata", {}).get("ownerReferences") or []
+    ref = next((r for r in refs if r.get("controller")), None)
+    meta = owner.get("metadata", {})
+    if ref is None:
+        return "foreign"
+    if ref.get("uid") == meta.get("uid"):
+        return "owned"
+    if ref.get("kind") == owner.get("kind") and ref.get("name") == meta.get("name"):
+        return "previous"
+    return "foreign"
+
+
+def describe_foreign(child: Mapping[str, Any], kind: str, how: Ownership) -> str:
+    meta = child.get("metadata", {})
+    name = meta.get("name")
+    if how == "previous":
+        return (
+            f"{kind} {name} belongs to an earlier object of the same name and is still being deleted; "
+            "it starts once that is gone"
+        )
+    return (
+        f"{kind} {name} already exists and is not owned by this object; rayship never adopts or "
+        "overwrites it: delete it, or rename this object"
+    )
+
+
 @dataclass(frozen=True)
 class Plan:
     """What one reconcile should do to the child (RayJob / RayService); pure data, no I/O.
@@ -38,6 +71,9 @@ class Plan:
     on_create: Event | None = None
     on_patch: Event | None = None
     context: Any = None
+    # Set by the reconcile loop when the API server refused the plan for good (a 400/422, or an
+    # object of the same name it does not own): (phase, reason, message).
+    rejected: tuple[str, str, str] | None = None
 
 
 def rfc3339(moment: datetime) -> str:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
 import kopf
 
 from rayship import api, k8s, metrics, modelservice, names, trainingjob
-from rayship.conditions import Event, Plan, owned_changes
+from rayship.conditions import Event, Plan, describe_foreign, owned_changes, ownership
 from rayship.config import OperatorConfig
 
 CONFLICT_RETRIES = 5
@@ -176,16 +176,12 @@ def _reconcile_once(ctl: Controller, namespace: str, name: str, config: Operator
     related = k8s.get(ref[0], namespace, ref[1]) if ref else None
     todo = ctl.plan(obj, child, related, config)
     owner = kopf.Body(cast(kopf.RawBody, obj))  # a raw object as read from the API
-    if todo.create is not None:
-        for prerequisite in todo.prerequisites:
-            kopf.adopt(prerequisite, owner=owner)
-            k8s.ensure(prerequisite)
-        kopf.adopt(todo.create, owner=owner)
-        child = k8s.create(ctl.child, todo.create)
-        _post(owner, todo.on_create)
-    if todo.patch is not None and child is not None:
-        child = k8s.patch(ctl.child, namespace, todo.child_name, todo.patch)
-        _post(owner, todo.on_patch)
+    try:
+        child = _carry_out(ctl, owner, obj, child, todo)
+    except k8s.Rejected as refused:
+        todo = replace(todo, rejected=(refused.phase, refused.reason, refused.message))
+    except k8s.Busy as busy:
+        raise kopf.TemporaryError(str(busy), delay=5) from None
     current = obj.get("status") or {}
     desired = ctl.status(obj, child, todo, datetime.now(UTC))
     changes = owned_changes(current, desired)
@@ -200,6 +196,28 @@ def _reconcile_once(ctl: Controller, namespace: str, name: str, config: Operator
     for event in ctl.announce(current, desired):
         _post(owner, event)
     return True
+
+
+def _carry_out(
+    ctl: Controller, owner: kopf.Body, obj: Mapping[str, Any], child: dict[str, Any] | None, todo: Plan
+) -> dict[str, Any] | None:
+    """Create (prerequisites first, each adopted) or patch the child; the child as stored after."""
+    namespace = obj["metadata"]["namespace"]
+    if todo.create is not None:
+        for prerequisite in todo.prerequisites:
+            kopf.adopt(prerequisite, owner=owner)
+            k8s.ensure(prerequisite, obj)
+        kopf.adopt(todo.create, owner=owner)
+        child = k8s.create(ctl.child, todo.create)
+        if (how := ownership(child, obj)) != "owned":  # created meanwhile by someone else: not ours
+            if how == "previous":
+                raise k8s.Busy(describe_foreign(child, ctl.child[2], how))
+            raise k8s.Rejected("Failed", "NameTaken", describe_foreign(child, ctl.child[2], how))
+        _post(owner, todo.on_create)
+    if todo.patch is not None and child is not None:
+        child = k8s.patch(ctl.child, namespace, todo.child_name, todo.patch)
+        _post(owner, todo.on_patch)
+    return child
 
 
 def _post(owner: kopf.Body, event: Event | None) -> None:

@@ -1,9 +1,14 @@
-"""The only module that talks to the Kubernetes API (through the official client)."""
+"""The only module that talks to the Kubernetes API (through the official client).
+
+Every request has a timeout; refusals that retrying cannot fix become `Rejected` (for the owner's
+status), objects of the same name that belong to someone else are never used.
+"""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import kubernetes
@@ -11,10 +16,29 @@ import kubernetes.utils
 from kubernetes.client.exceptions import ApiException
 
 from rayship.api import Resource
+from rayship.conditions import describe_foreign, ownership
+
+# (connect, read) seconds on every request: a hung API server call never stalls a reconcile for good.
+TIMEOUT = (5, 30)
 
 
 class Conflict(Exception):
     """The object changed since it was read (HTTP 409): read it again and retry."""
+
+
+class Rejected(Exception):
+    """The API server refused a request for good (400/422: the object is invalid), or the name is
+    taken by an object that is not ours: retrying the same request cannot succeed.
+    `phase`/`reason`/`message` go to the owner's status."""
+
+    def __init__(self, phase: str, reason: str, message: str):
+        super().__init__(message)
+        self.phase, self.reason, self.message = phase, reason, message
+
+
+class Busy(Exception):
+    """An object of that name belongs to an earlier owner of the same name, which is being
+    garbage-collected: retry later."""
 
 
 def configure() -> None:
@@ -38,10 +62,23 @@ def _custom() -> kubernetes.client.CustomObjectsApi:
     return kubernetes.client.CustomObjectsApi(_client())
 
 
+def _refusal(err: ApiException) -> Rejected | None:
+    """A 400/422 as `Rejected`, with the API server's own message (it names the field)."""
+    if err.status not in (400, 422):
+        return None
+    try:
+        message = json.loads(err.body or "{}").get("message") or str(err.reason)
+    except ValueError:
+        message = str(err.body or err.reason)
+    return Rejected("Invalid", "RejectedByAPIServer", message)
+
+
 def get(resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
     group, version, plural = resource
     try:
-        found = _custom().get_namespaced_custom_object(group, version, namespace, plural, name)
+        found = _custom().get_namespaced_custom_object(
+            group, version, namespace, plural, name, _request_timeout=TIMEOUT
+        )
     except ApiException as err:
         if err.status == 404:
             return None
@@ -50,13 +87,18 @@ def get(resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
 
 
 def create(resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
-    """Create a custom object; if it already exists (a concurrent reconcile won), return the stored one."""
+    """Create a custom object; if it already exists (a concurrent reconcile won, or someone else's),
+    return the stored one: the caller checks whose it is."""
     group, version, plural = resource
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     try:
-        created = _custom().create_namespaced_custom_object(group, version, namespace, plural, dict(body))
+        created = _custom().create_namespaced_custom_object(
+            group, version, namespace, plural, dict(body), _request_timeout=TIMEOUT
+        )
         return cast(dict[str, Any], created)
     except ApiException as err:
+        if (refused := _refusal(err)) is not None:
+            raise refused from None
         if err.status != 409:
             raise
     existing = get(resource, namespace, name)
@@ -65,18 +107,53 @@ def create(resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
     return existing
 
 
-def ensure(body: Mapping[str, Any]) -> None:
-    """Create a core/RBAC object (ServiceAccount, Role, RoleBinding...) unless it already exists."""
+def ensure(body: Mapping[str, Any], owner: Mapping[str, Any]) -> None:
+    """Create a core/RBAC object (ServiceAccount, Role, RoleBinding) owned by `owner`, unless `owner`
+    already owns one of that name. One that exists and is not `owner`'s is never used: `Busy` if it
+    belongs to an earlier namesake being garbage-collected, `Rejected` otherwise."""
     try:
-        kubernetes.utils.create_from_dict(_client(), dict(body))
+        kubernetes.utils.create_from_dict(_client(), dict(body), _request_timeout=TIMEOUT)
+        return
     except kubernetes.utils.FailToCreateError as err:
+        for refused in map(_refusal, err.api_exceptions):
+            if refused is not None:
+                raise refused from None
         if any(e.status != 409 for e in err.api_exceptions):
             raise
+    existing = _read_core(body)
+    how = ownership(existing, owner)
+    if how == "owned":
+        return
+    message = describe_foreign(existing, str(body["kind"]), how)
+    if how == "previous":
+        raise Busy(message)
+    raise Rejected("Failed", "WorkloadIdentityTaken", message)
+
+
+def _read_core(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The stored ServiceAccount / Role / RoleBinding of `body`'s name (for its ownerReferences)."""
+    core = kubernetes.client.CoreV1Api(_client())
+    rbac = kubernetes.client.RbacAuthorizationV1Api(_client())
+    readers: dict[str, Callable[..., Any]] = {
+        "ServiceAccount": core.read_namespaced_service_account,
+        "Role": rbac.read_namespaced_role,
+        "RoleBinding": rbac.read_namespaced_role_binding,
+    }
+    meta = body["metadata"]
+    found = readers[body["kind"]](meta["name"], meta["namespace"], _request_timeout=TIMEOUT)
+    return cast(dict[str, Any], _client().sanitize_for_serialization(found))
 
 
 def patch(resource: Resource, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
     group, version, plural = resource
-    patched = _custom().patch_namespaced_custom_object(group, version, namespace, plural, name, dict(body))
+    try:
+        patched = _custom().patch_namespaced_custom_object(
+            group, version, namespace, plural, name, dict(body), _request_timeout=TIMEOUT
+        )
+    except ApiException as err:
+        if (refused := _refusal(err)) is not None:
+            raise refused from None
+        raise
     return cast(dict[str, Any], patched)
 
 
@@ -87,7 +164,9 @@ def patch_status(
     group, version, plural = resource
     body = {"metadata": {"resourceVersion": resource_version}, "status": dict(status)}
     try:
-        _custom().patch_namespaced_custom_object_status(group, version, namespace, plural, name, body)
+        _custom().patch_namespaced_custom_object_status(
+            group, version, namespace, plural, name, body, _request_timeout=TIMEOUT
+        )
     except ApiException as err:
         if err.status == 409:
             raise Conflict(f"{plural} {namespace}/{name} changed while its status was computed") from None

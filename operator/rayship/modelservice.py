@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
 from rayship import api, names, pods
-from rayship.conditions import Event, Plan, condition, find
+from rayship.conditions import Event, Plan, condition, describe_foreign, find, ownership
 from rayship.config import OperatorConfig
 from rayship.validation import SpecError, parse
 from rayship.yamlio import canonical_json
@@ -231,6 +231,9 @@ class ServiceContext:
     invalid: str | None
     url: str | None
     desired_uri: str | None
+    blocked: str | None = None  # a RayService of that name exists and is not ours
+    rayservice: str = ""
+    incremental: bool = False  # NewClusterWithIncrementalUpgrade: no `<rayservice>-serve-svc`
 
 
 def plan(
@@ -249,10 +252,14 @@ def plan(
     assert isinstance(ms, api.ModelService)
     resolution = resolve_model(ms, trainingjob, current)
     url = service_url(ms)
+    incremental = ms.spec.upgrade_strategy == "NewClusterWithIncrementalUpgrade"
     if resolution.uri is None:
-        return Plan(name, context=ServiceContext(resolution, None, url, None))
-    context = ServiceContext(resolution, None, url, resolution.uri)
+        return Plan(name, context=ServiceContext(resolution, None, url, None, None, name, incremental))
+    context = ServiceContext(resolution, None, url, resolution.uri, None, name, incremental)
     desired = desired_rayservice(ms, config, resolution.uri)
+    if rayservice is not None and (how := ownership(rayservice, modelservice)) != "owned":
+        blocked = describe_foreign(rayservice, "RayService", how)
+        return Plan(name, context=replace(context, blocked=blocked))
     if rayservice is None:
         created = Event("Normal", "RayServiceCreated", f"created RayService {name} serving {resolution.uri}")
         return Plan(name, create=desired, on_create=created, context=context)
@@ -281,14 +288,21 @@ def plan(
 
 ANY = "*"
 
-# (Serve application status, RayService Ready) -> (phase, reason, message); the first match wins.
-# A reason of None means "KubeRay's own Ready reason"; a message of None means "the application's
-# own message, else the default in SERVING_DEFAULT_MESSAGE".
-SERVING_TABLE: tuple[tuple[tuple[str, str], tuple[str, str | None, str | None]], ...] = (
-    (("DEPLOY_FAILED", ANY), ("Failed", "DeployFailed", None)),
-    (("UNHEALTHY", ANY), ("Degraded", "Unhealthy", None)),
-    (("RUNNING", "True"), ("Ready", "Ready", "the Serve application is running")),
-    ((ANY, ANY), ("Deploying", None, "the Serve application is {app}")),
+# (Serve application status, RayService Ready status, Ready reason) -> (phase, reason, message);
+# the first matching row wins. KubeRay v1.7: Ready is True while any Serve proxy pod serves (so it
+# stays True during an in-place rollout, and old replicas keep answering); a first deployment's
+# application status is in pendingServiceStatus; ValidationFailed and InitializingTimeout are final.
+# A reason of None keeps KubeRay's Ready reason; a message of None takes the application's own
+# message, else KubeRay's Ready message, else SERVING_DEFAULT_MESSAGE.
+SERVING_TABLE: tuple[tuple[tuple[str, str, str], tuple[str, str | None, str | None]], ...] = (
+    (("DEPLOY_FAILED", ANY, ANY), ("Failed", "DeployFailed", None)),
+    ((ANY, ANY, "ValidationFailed"), ("Failed", "RayServiceValidationFailed", None)),
+    ((ANY, ANY, "InitializingTimeout"), ("Failed", "InitializingTimeout", None)),
+    (("UNHEALTHY", ANY, ANY), ("Degraded", "Unhealthy", None)),
+    (("RUNNING", "True", ANY), ("Ready", "Ready", "the Serve application is running")),
+    (("DEPLOYING", "True", ANY), ("Ready", "Ready", "a new version is rolling out; the current one serves")),
+    (("", "True", ANY), ("Ready", "Ready", "serving while a new Ray cluster is prepared")),
+    ((ANY, ANY, ANY), ("Deploying", None, "the Serve application is {app}")),
 )
 SERVING_DEFAULT_MESSAGE = {
     "DEPLOY_FAILED": "the Serve application failed to deploy",
@@ -296,25 +310,36 @@ SERVING_DEFAULT_MESSAGE = {
 }
 
 
+def application_status(rayservice: Mapping[str, Any], app: str) -> Mapping[str, Any]:
+    """Serve's status of `app`: on the active cluster, else (a first deployment) the pending one."""
+    st = rayservice.get("status") or {}
+    for side in ("activeServiceStatus", "pendingServiceStatus"):
+        found = ((st.get(side) or {}).get("applicationStatuses") or {}).get(app)
+        if found:
+            return cast(Mapping[str, Any], found)
+    return {}
+
+
 def serving_phase(rayservice: Mapping[str, Any], app: str) -> tuple[str, str, str]:
     """(phase, reason, message) from a RayService's Ready condition and its application's status,
     through SERVING_TABLE."""
-    st = rayservice.get("status") or {}
-    apps = (st.get("activeServiceStatus") or {}).get("applicationStatuses") or {}
-    app_status = (apps.get(app) or {}).get("status", "")
-    app_message = (apps.get(app) or {}).get("message", "")
-    ready_condition = find(st, "Ready")
+    found = application_status(rayservice, app)
+    app_status, app_message = str(found.get("status", "")), str(found.get("message", ""))
+    ready_condition = find(rayservice.get("status"), "Ready")
     ready = "True" if ready_condition.get("status") == "True" else "False"
+    key = (app_status, ready, str(ready_condition.get("reason", "")))
     phase, reason, message = next(
         outcome
-        for (want_app, want_ready), outcome in SERVING_TABLE
-        if want_app in (ANY, app_status) and want_ready in (ANY, ready)
+        for want, outcome in SERVING_TABLE
+        if all(w in (ANY, k) for w, k in zip(want, key, strict=True))
     )  # the last row matches anything
     if message is None:
-        message = app_message or SERVING_DEFAULT_MESSAGE.get(app_status, "")
+        message = app_message or str(
+            ready_condition.get("message") or SERVING_DEFAULT_MESSAGE.get(app_status, "")
+        )
     else:
         message = message.format(app=app_status or "starting")  # a table template, never Serve's text
-    return phase, reason or ready_condition.get("reason") or "Deploying", message
+    return phase, reason or str(ready_condition.get("reason") or "Deploying"), message
 
 
 def status(
@@ -329,12 +354,17 @@ def status(
     def cond(type_: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
         return condition(current, type_, ok, reason, message, generation, now)
 
-    if ctx.invalid is not None and rayservice is None:
+    invalid = ctx.invalid
+    if plan_.rejected is not None and plan_.rejected[0] == "Invalid":
+        invalid = f"{plan_.rejected[1]}: {plan_.rejected[2]}"
+    if invalid is not None and rayservice is None:
         return {
             "phase": "Invalid",
             "observedGeneration": generation,
-            "conditions": [cond("Valid", False, "InvalidSpec", ctx.invalid)],
+            "conditions": [cond("Valid", False, "InvalidSpec", invalid)],
         }
+    if ctx.blocked is not None:
+        rayservice = None  # not ours: its state says nothing about this ModelService
     conditions = [
         cond(
             "Valid",
@@ -349,17 +379,22 @@ def status(
     out: dict[str, Any] = {"observedGeneration": generation, "rayServiceName": plan_.child_name}
     if rayservice is None:
         phase = "WaitingForModel" if ctx.desired_uri is None else "Deploying"
-        reason = res.reason if res else "Waiting"
-        conditions.append(cond("Ready", False, reason, res.message if res else ""))
-        out.update(phase=phase, conditions=conditions, readyReplicas=0)
+        reason, message = (res.reason, res.message) if res else ("Waiting", "")
+        if plan_.rejected is not None:
+            phase, reason, message = plan_.rejected
+        elif ctx.blocked is not None:
+            reason, message = "RayServiceNameTaken", ctx.blocked
+        conditions.append(cond("Ready", False, reason, message))
+        out.update(phase=phase, conditions=conditions, serveEndpoints=0)
         return out
     phase, reason, message = serving_phase(rayservice, app)
     st = rayservice.get("status") or {}
     up_to_date = st.get("observedGeneration") == rayservice.get("metadata", {}).get("generation")
     deployed_uri = (rayservice.get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_MODEL)
     served = current.get("modelURI")
-    if phase == "Ready" and up_to_date:
-        served = deployed_uri  # the Serve rollout of the latest serveConfigV2 completed
+    running = application_status(rayservice, app).get("status") == "RUNNING"
+    if phase == "Ready" and up_to_date and running:
+        served = deployed_uri  # Serve reports the application of the latest serveConfigV2 running
     elif served is None and phase == "Ready":
         served = deployed_uri
     target = ctx.desired_uri if ctx.desired_uri and ctx.desired_uri != served else None
@@ -378,12 +413,22 @@ def status(
     out.update(
         phase=phase,
         conditions=conditions,
-        readyReplicas=int(st.get("numServeEndpoints") or 0),
+        # KubeRay counts Ray pods whose Serve proxy is ready; it reports no replica count.
+        serveEndpoints=int(st.get("numServeEndpoints") or 0),
         modelURI=served,
         targetModelURI=target,
-        url=ctx.url if phase in ("Ready", "Degraded") else current.get("url"),
+        url=_url(ctx, st) if phase in ("Ready", "Degraded") else current.get("url"),
     )
     return out
+
+
+def _url(ctx: ServiceContext, rayservice_status: Mapping[str, Any]) -> str | None:
+    """`<rayservice>-serve-svc`; under NewClusterWithIncrementalUpgrade KubeRay makes no such Service
+    (traffic goes through `<rayservice>-gateway`), so the active cluster's own serve Service."""
+    if ctx.url is None or not ctx.incremental:
+        return ctx.url
+    active = (rayservice_status.get("activeServiceStatus") or {}).get("rayClusterName")
+    return ctx.url.replace(f"//{ctx.rayservice}-serve-svc.", f"//{active}-serve-svc.") if active else None
 
 
 WARNING_PHASES = frozenset({"Failed", "Invalid", "Degraded"})

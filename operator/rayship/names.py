@@ -70,6 +70,17 @@ def workload_account(trainingjob_name: str) -> str:
     return dns1035_name(f"{trainingjob_name}-workload", 63)
 
 
+# KubeRay labels every Ray pod app.kubernetes.io/name=kuberay, and the RayJob's and RayService's
+# `<name>-head-svc` select on exactly that value: a pod template overriding it leaves those
+# Services without endpoints. Pod templates never carry these keys.
+KUBERAY_POD_LABELS = frozenset({LABEL_NAME, "app.kubernetes.io/created-by"})
+
+
+def pod_labels(object_labels: dict[str, str]) -> dict[str, str]:
+    """The labels of a Ray pod template: the object's, minus those KubeRay's Services select on."""
+    return {k: v for k, v in object_labels.items() if k not in KUBERAY_POD_LABELS}
+
+
 def labels(kind: str, name: str, component: str) -> dict[str, str]:
     """Labels on every object rayship renders for the custom resource `kind/name`."""
     return {

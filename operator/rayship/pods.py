@@ -110,7 +110,7 @@ def pod_template(
         pod["priorityClassName"] = priority_class
     if service_account:
         pod["serviceAccountName"] = service_account
-    return {"metadata": {"labels": dict(labels)}, "spec": pod}
+    return {"metadata": {"labels": names.pod_labels(labels)}, "spec": pod}
 
 
 def gpu_placement(

@@ -29,12 +29,22 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "resources": _KUBERAY,
         "verbs": ["get", "list", "watch", "create", "patch"],
     },
-    {  # per-TrainingJob identity of the Ray pods (progress reporting)
+    {  # owner references with blockOwnerDeletion (kopf.adopt) need this under
+        # OwnerReferencesPermissionEnforcement
+        "apiGroups": [api.GROUP],
+        "resources": [f"{plural}/finalizers" for plural in _OURS],
+        "verbs": ["update"],
+    },
+    {  # per-TrainingJob identity of the Ray pods (progress reporting); get: whose it is
         "apiGroups": [""],
         "resources": ["serviceaccounts"],
-        "verbs": ["create"],
+        "verbs": ["get", "create"],
     },
-    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": ["create"]},
+    {
+        "apiGroups": ["rbac.authorization.k8s.io"],
+        "resources": ["roles", "rolebindings"],
+        "verbs": ["get", "create"],
+    },
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},  # kopf, cluster-wide
     {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from rayship import api, names, pods
-from rayship.conditions import Event, Plan, condition, find, parse_time
+from rayship.conditions import Event, Plan, condition, describe_foreign, find, ownership, parse_time
 from rayship.config import OperatorConfig
 from rayship.validation import SpecError, parse_trainingjob
 from rayship.yamlio import canonical_json
@@ -187,7 +187,7 @@ def _submitter_template(tj: api.TrainingJob, config: OperatorConfig, labels: dic
     }
     if tj.spec.scheduling.priority_class_name:
         pod["priorityClassName"] = tj.spec.scheduling.priority_class_name
-    return {"metadata": {"labels": dict(labels)}, "spec": pod}
+    return {"metadata": {"labels": names.pod_labels(labels)}, "spec": pod}
 
 
 def build_workload_rbac(tj: api.TrainingJob) -> list[dict[str, Any]]:
@@ -272,10 +272,21 @@ def plan(
     except SpecError as err:
         return Plan(rayjob_name, context=replace(base, invalid="; ".join(err.problems)))
 
-    observed = replace(base, gpus=total_gpus(tj))
+    observed = replace(base, gpus=total_gpus(tj), queue=tj.spec.scheduling.queue)
+    if rayjob is not None and (how := ownership(rayjob, trainingjob)) != "owned":
+        reason = "PreviousRayJobTerminating" if how == "previous" else "RayJobNameTaken"
+        return Plan(
+            rayjob_name, context=replace(observed, blocked=(reason, describe_foreign(rayjob, "RayJob", how)))
+        )
     if rayjob is None:
         if current.get("phase") in api.TERMINAL_PHASES:
             return Plan(rayjob_name, context=observed)  # finished: never start it again
+        if current.get("phase") == "Invalid" and current.get("observedGeneration") == base.generation:
+            return Plan(rayjob_name, context=replace(observed, keep=True))  # refused before: edit to retry
+        if current.get("rayJobUID"):
+            # Launched once and gone (deleted by hand, by KubeRay's DELETE_RAYJOB_CR_AFTER_JOB_FINISHES,
+            # or past its TTL while the operator was down): never silently started again.
+            return Plan(rayjob_name, context=replace(observed, lost=str(current["rayJobUID"])))
         *rbac, created = render_trainingjob(tj, config)
         return Plan(
             rayjob_name,
@@ -290,7 +301,8 @@ def plan(
     if launched is None:  # not rendered by rayship: report, never overwrite
         return Plan(rayjob_name, context=replace(observed, unapplied=("(RayJob not managed by rayship)",)))
     edits = spec_edits(launched, wanted)
-    mutable = [p for p in edits if p in MUTABLE_FIELDS]
+    # Under a Kueue queue, Kueue owns the RayJob's spec.suspend (admission): never fight it.
+    mutable = [p for p in edits if p in MUTABLE_FIELDS and not tj.spec.scheduling.queue]
     patch = None
     if mutable:
         launched.update({p: wanted[p] for p in mutable})
@@ -298,7 +310,7 @@ def plan(
             "metadata": {"annotations": {names.ANNOTATION_SPEC: canonical_json(launched)}},
             "spec": {p: wanted[p] for p in mutable},
         }
-    unapplied = tuple(p for p in edits if p not in MUTABLE_FIELDS)
+    unapplied = tuple(p for p in edits if p not in mutable)
     return Plan(
         rayjob_name,
         patch=patch,
@@ -372,6 +384,11 @@ class Observation:
     invalid: str | None = None  # why the spec cannot be rendered (None: valid)
     unapplied: tuple[str, ...] = ()  # spec fields edited after launch that KubeRay cannot apply
     gpus: int | None = None
+    blocked: tuple[str, str] | None = None  # (reason, message): a RayJob of that name is not ours
+    lost: str | None = None  # the UID of our launched RayJob, which is gone
+    rejected: tuple[str, str, str] | None = None  # (phase, reason, message) from the API server
+    queue: str | None = None  # Kueue LocalQueue: Kueue, not the spec, suspends and resumes the RayJob
+    keep: bool = False  # keep the stored status (a spec the API server refused, not edited since)
 
 
 def phase_of(rayjob_status: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -400,18 +417,32 @@ def _condition(type_: str, ok: bool, reason: str, message: str, obs: Observation
 def derive(obs: Observation, now: datetime) -> dict[str, Any]:
     """The operator-owned part of the TrainingJob status."""
     current_phase = obs.current.get("phase")
-    if obs.invalid is not None and obs.rayjob is None:
+    if obs.keep:
+        return {k: v for k, v in obs.current.items() if k not in WORKLOAD_FIELDS}
+    invalid = obs.invalid
+    if obs.rejected is not None and obs.rejected[0] == "Invalid":
+        invalid = f"{obs.rejected[1]}: {obs.rejected[2]}"
+    if invalid is not None and obs.rayjob is None:
         return {
             "phase": "Invalid",
             "observedGeneration": obs.generation,
-            "conditions": [_condition("Valid", False, "InvalidSpec", obs.invalid, obs, now)],
+            "conditions": [_condition("Valid", False, "InvalidSpec", invalid, obs, now)],
         }
 
     rayjob_status: Mapping[str, Any] = (obs.rayjob or {}).get("status") or {}
-    if obs.rayjob is None:
-        phase, reason, message = "Pending", "CreatingRayJob", "the RayJob is being created"
-    else:
+    if obs.rayjob is not None:
         phase, reason, message = phase_of(rayjob_status)
+        if phase == "Suspended" and obs.queue:
+            phase, reason = "Pending", "Queued"
+            message = f"waiting for admission by Kueue (queue {obs.queue}); Kueue starts the Ray cluster"
+    elif obs.rejected is not None:
+        phase, reason, message = obs.rejected
+    elif obs.lost is not None:
+        phase, reason, message = _lost(obs)
+    elif obs.blocked is not None:
+        phase, (reason, message) = "Pending", obs.blocked
+    else:
+        phase, reason, message = "Pending", "CreatingRayJob", "the RayJob is being created"
     if current_phase in api.TERMINAL_PHASES and phase != current_phase:
         # A finished job stays finished, whatever happens to its RayJob afterwards.
         return _keep_terminal(obs, now)
@@ -426,6 +457,20 @@ def derive(obs: Observation, now: datetime) -> dict[str, Any]:
     status: dict[str, Any] = {"phase": phase, "observedGeneration": obs.generation, "conditions": conditions}
     status.update(_rayjob_fields(obs, rayjob_status, phase, now))
     return status
+
+
+def _lost(obs: Observation) -> tuple[str, str, str]:
+    """A launched RayJob is gone: finished if the workload reported its final model, else failed."""
+    gone = f"RayJob {obs.rayjob_name} (uid {obs.lost}) was deleted after launch"
+    if (obs.current.get("checkpoint") or {}).get("model"):
+        return "Succeeded", "RayJobGoneAfterExport", f"{gone}; the workload had exported its final model"
+    return (
+        "Failed",
+        "RayJobLost",
+        f"{gone} (by hand, by KubeRay's DELETE_RAYJOB_CR_AFTER_JOB_FINISHES, or past its TTL while the "
+        "operator was down) and its outcome is unknown; rayship does not start it again. Re-create the "
+        "TrainingJob to train again: it resumes from the latest checkpoint",
+    )
 
 
 def _spec_applied(obs: Observation, now: datetime) -> dict:
@@ -446,6 +491,9 @@ def _rayjob_fields(obs: Observation, rj: Mapping[str, Any], phase: str, now: dat
     out: dict[str, Any] = {}
     if obs.rayjob_name:
         out["rayJobName"] = obs.rayjob_name
+    uid = (obs.rayjob or {}).get("metadata", {}).get("uid") or obs.current.get("rayJobUID")
+    if uid:
+        out["rayJobUID"] = uid  # launched: a RayJob missing later is lost, never re-created
     for ours, theirs in (
         ("rayClusterName", "rayClusterName"),
         ("jobId", "jobId"),
@@ -457,18 +505,35 @@ def _rayjob_fields(obs: Observation, rj: Mapping[str, Any], phase: str, now: dat
         out["startTime"] = rj["startTime"]
     if phase in api.TERMINAL_PHASES and rj.get("endTime"):
         out["completionTime"] = rj["endTime"]
+    if obs.rayjob is not None:
+        out["attempt"] = int(rj.get("failed") or 0) + (0 if phase in api.TERMINAL_PHASES else 1) or 1
     if obs.gpus is not None:
         out["gpus"] = obs.gpus
-        start = parse_time(rj.get("startTime"))
-        if start is not None:
-            end = parse_time(rj.get("endTime")) or now
-            out["gpuSeconds"] = float(max(0, round((end - start).total_seconds())) * obs.gpus)
+        out.update(_gpu_seconds(obs, rj, now))
     return out
+
+
+def _gpu_seconds(obs: Observation, rj: Mapping[str, Any], now: datetime) -> dict[str, float]:
+    """GPU-seconds over every attempt. KubeRay restarts `startTime` with each attempt (and sets
+    `endTime` once, at the end), so an attempt is closed when a new startTime appears."""
+    assert obs.gpus is not None
+    earlier = float(obs.current.get("gpuSecondsEarlierAttempts") or 0.0)
+    start, seen = parse_time(rj.get("startTime")), parse_time(obs.current.get("startTime"))
+    if start is None:
+        return {"gpuSecondsEarlierAttempts": earlier} if earlier else {}
+    if seen is not None and start > seen:  # a new attempt: the previous one ran until it began
+        earlier += max(0, round((start - seen).total_seconds())) * obs.gpus
+    end = parse_time(rj.get("endTime")) or now
+    current = max(0, round((end - start).total_seconds())) * obs.gpus
+    return {"gpuSeconds": float(earlier + current), "gpuSecondsEarlierAttempts": earlier}
+
+
+WORKLOAD_FIELDS = ("progress", "checkpoint", "tuning")  # written by the workload, never by the operator
 
 
 def _keep_terminal(obs: Observation, now: datetime) -> dict[str, Any]:
     """The stored terminal status, with only the spec-edit condition refreshed."""
-    kept = {k: v for k, v in obs.current.items() if k not in ("progress", "checkpoint")}
+    kept = {k: v for k, v in obs.current.items() if k not in WORKLOAD_FIELDS}
     conditions = [c for c in kept.get("conditions") or [] if c.get("type") != "SpecApplied"]
     if obs.rayjob is not None:
         conditions.append(_spec_applied(obs, now))
@@ -481,7 +546,13 @@ def status(
 ) -> dict[str, Any]:
     """The operator-owned status, once the plan was carried out and `rayjob` is what the server holds."""
     del trainingjob  # everything it contributes is in the plan's Observation
-    return derive(replace(plan_.context, rayjob=rayjob), now)
+    obs: Observation = plan_.context
+    if obs.blocked is not None:
+        rayjob = None  # not ours: its state says nothing about this TrainingJob
+    return derive(replace(obs, rayjob=rayjob, rejected=plan_.rejected), now)
+
+
+BLOCKED_REASONS = frozenset({"PreviousRayJobTerminating", "RayJobNameTaken"})
 
 
 def announce(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Event]:
@@ -498,6 +569,9 @@ def announce(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Eve
                 f"{phase}: {cond.get('message', '')}",
             )
         )
+    elif phase == "Pending" and (reason := find(desired, "Running").get("reason")) in BLOCKED_REASONS:
+        if reason != find(current, "Running").get("reason"):
+            events.append(Event("Warning", str(reason), str(find(desired, "Running").get("message"))))
     before, after = find(current, "SpecApplied"), find(desired, "SpecApplied")
     if after.get("status") == "False" and after.get("message") != before.get("message"):
         events.append(Event("Warning", str(after["reason"]), str(after["message"])))

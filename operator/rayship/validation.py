@@ -20,7 +20,7 @@ PATTERN_HINTS = {
     api.LABEL_VALUE_PATTERN: "a label value: letters, digits, '-', '_' and '.', at most 63 characters",
     api.ENV_NAME_PATTERN: "letters, digits and '_', not starting with a digit",
     api.ENTRYPOINT_PATTERN: "module:function, e.g. mypkg.train:train_loop",
-    api.RAY_VERSION_PATTERN: "a version such as 2.60.0",
+    api.RAY_VERSION_PATTERN: "a Ray version of at least 2.52.0 (token auth), such as 2.60.0",
     r"^(s3|gs|abfs|hdfs)://.+": "an object-store URI such as s3://bucket/checkpoints",
     r"^/.*": "an absolute path such as /mnt/checkpoints",
 }

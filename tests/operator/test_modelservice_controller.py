@@ -90,7 +90,7 @@ def test_waits_for_training_serves_rolls_out_in_place_and_is_collected(emulator,
         kuberay_ready(emulator)
         emulator.wait_for(lambda: status(emulator, MS, "mlp").get("phase") == "Ready")
         st = status(emulator, MS, "mlp")
-        assert st["url"] == "http://mlp-serve-svc.default.svc:8000/mlp" and st["readyReplicas"] == 2
+        assert st["url"] == "http://mlp-serve-svc.default.svc:8000/mlp" and st["serveEndpoints"] == 2
         assert st["modelURI"] == "s3://models/v1"
 
         # Re-trained: a new model -> only serveConfigV2 changes (an in-place Serve rollout).

@@ -101,6 +101,9 @@ SPEC_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
         "spec.data.format",
     ),
     ("missing-checkpoint", _delete("spec.checkpoint"), "checkpoint.storage is required in a cluster"),
+    ("ray-too-old-for-token-auth", _set("spec.rayVersion", "2.51.0"), "spec.rayVersion"),
+    ("deadline-beyond-int32", _set("spec.failurePolicy.activeDeadlineSeconds", 2**31), "spec.failurePolicy"),
+    ("ttl-beyond-int32", _set("spec.ttlSecondsAfterFinished", 2**31), "spec.ttlSecondsAfterFinished"),
     ("checkpoint-both-storages", _set("spec.checkpoint.storage.uri", "s3://b/c"), "spec.checkpoint.storage"),
     ("checkpoint-no-storage", _set("spec.checkpoint.storage", {}), "spec.checkpoint.storage"),
     (

@@ -29,7 +29,24 @@ URI = "/mnt/checkpoints/default.mlp-ddp/model"
 def load(path: Path = SAMPLE) -> dict[str, Any]:
     doc = yaml.safe_load(path.read_text())
     doc["metadata"].setdefault("generation", 1)
+    doc["metadata"].setdefault("uid", "ms-1")
     return doc
+
+
+OWNER = {
+    "apiVersion": "rayship.dev/v1alpha1",
+    "kind": "ModelService",
+    "name": "mlp",
+    "uid": "ms-1",
+    "controller": True,
+}
+
+
+def adopted(rayservice: dict[str, Any], owner: dict[str, Any] = OWNER) -> dict[str, Any]:
+    """As stored: kopf.adopt() made the ModelService its controller."""
+    stored = copy.deepcopy(rayservice)
+    stored["metadata"]["ownerReferences"] = [owner]
+    return stored
 
 
 def rendered(path: Path, uri: str = URI) -> dict[str, Any]:
@@ -206,7 +223,7 @@ def test_plan_create_then_rollout_then_cluster_change() -> None:
     done = tj("Succeeded", model="s3://m/v1")
     first = modelservice.plan(ms, None, done, CONFIG)
     assert first.create is not None and first.patch is None and first.context.desired_uri == "s3://m/v1"
-    stored = copy.deepcopy(first.create)
+    stored = adopted(first.create)
     assert modelservice.plan(ms, stored, done, CONFIG).patch is None  # idempotent
 
     rollout = modelservice.plan(ms, stored, tj("Succeeded", model="s3://m/v2"), CONFIG)
@@ -237,7 +254,12 @@ def rayservice_with(
     uri: str = "s3://m/v1",
 ) -> dict[str, Any]:
     return {
-        "metadata": {"name": "mlp", "generation": generation, "annotations": {"rayship.dev/model-uri": uri}},
+        "metadata": {
+            "name": "mlp",
+            "generation": generation,
+            "annotations": {"rayship.dev/model-uri": uri},
+            "ownerReferences": [OWNER],
+        },
         "status": {
             "observedGeneration": observed,
             "numServeEndpoints": endpoints,
@@ -278,7 +300,7 @@ def test_status_waiting_deploying_ready() -> None:
     assert deploying["phase"] == "Deploying" and deploying.get("url") is None
 
     ready = derive(ms, rayservice_with(True, "RUNNING", endpoints=2), tj("Succeeded", model="s3://m/v1"))
-    assert ready["phase"] == "Ready" and ready["readyReplicas"] == 2
+    assert ready["phase"] == "Ready" and ready["serveEndpoints"] == 2
     assert ready["url"] == "http://mlp-serve-svc.default.svc:8000/mlp" and ready["modelURI"] == "s3://m/v1"
     assert ready["targetModelURI"] is None and by_type(ready)["Upgrading"]["status"] == "False"
 
@@ -345,3 +367,60 @@ def test_local_serve_resolves_from_a_local_run(tmp_path: Path) -> None:
     ms["spec"]["model"]["fromTrainingJob"]["checkpoint"] = "best"
     assert resolve_model(ms, runs_dir=tmp_path) == "/m/best"
     assert resolve_model({"spec": {"model": {"uri": "s3://x"}}}, runs_dir=tmp_path) == "s3://x"
+
+
+def test_a_rayservice_that_is_not_ours_is_never_patched_or_mirrored() -> None:
+    foreign = adopted(rayservice_with(True, "RUNNING"), {**OWNER, "uid": "someone-else", "name": "other"})
+    todo = modelservice.plan(load(), foreign, tj("Succeeded", model="s3://m/v2"), CONFIG)
+    assert todo.create is None and todo.patch is None and "not owned" in todo.context.blocked
+    st = modelservice.status(load(), foreign, todo, NOW)
+    assert st["phase"] == "Deploying" and by_type(st)["Ready"]["reason"] == "RayServiceNameTaken"
+    assert "modelURI" not in st
+
+
+def test_first_deployment_failure_is_read_from_the_pending_cluster() -> None:
+    """KubeRay v1.7 keeps a first deployment in pendingServiceStatus until it runs."""
+    rs = rayservice_with(False, "RUNNING")
+    rs["status"]["activeServiceStatus"] = {}
+    rs["status"]["pendingServiceStatus"] = {
+        "rayClusterName": "mlp-abcde",
+        "applicationStatuses": {"mlp": {"status": "DEPLOY_FAILED", "message": "ModuleNotFoundError: x"}},
+    }
+    st = derive(load(), rs, tj("Succeeded", model="s3://m/v1"))
+    assert st["phase"] == "Failed" and by_type(st)["Ready"]["message"] == "ModuleNotFoundError: x"
+
+
+@pytest.mark.parametrize("reason", ["ValidationFailed", "InitializingTimeout"])
+def test_kuberay_final_ready_reasons_fail_the_service(reason: str) -> None:
+    rs = rayservice_with(False, "")
+    rs["status"]["conditions"][0].update(reason=reason, message=f"KubeRay says {reason}")
+    st = derive(load(), rs, tj("Succeeded", model="s3://m/v1"))
+    assert st["phase"] == "Failed" and by_type(st)["Ready"]["message"] == f"KubeRay says {reason}"
+
+
+def test_in_place_rollout_keeps_ready_and_the_served_model_until_serve_runs_the_new_one() -> None:
+    ms = load()
+    ready = derive(ms, rayservice_with(True, "RUNNING"), tj("Succeeded", model="s3://m/v1"))
+    rolling = derive(
+        ms,
+        rayservice_with(True, "DEPLOYING", generation=2, observed=2, uri="s3://m/v2"),
+        tj("Succeeded", model="s3://m/v2"),
+        ready,
+    )
+    assert rolling["phase"] == "Ready" and rolling["modelURI"] == "s3://m/v1"
+    assert rolling["targetModelURI"] == "s3://m/v2" and by_type(rolling)["Upgrading"]["status"] == "True"
+
+
+def test_url_under_incremental_upgrade_points_at_the_active_cluster() -> None:
+    ms = load()
+    ms["spec"]["upgradeStrategy"] = "NewClusterWithIncrementalUpgrade"
+    ms["spec"]["upgradeOptions"] = {
+        "maxSurgePercent": 50,
+        "stepSizePercent": 25,
+        "intervalSeconds": 30,
+        "gatewayClassName": "istio",
+    }
+    rs = rayservice_with(True, "RUNNING")
+    rs["status"]["activeServiceStatus"]["rayClusterName"] = "mlp-x7k2p"
+    st = derive(ms, rs, tj("Succeeded", model="s3://m/v1"))
+    assert st["url"] == "http://mlp-x7k2p-serve-svc.default.svc:8000/mlp"

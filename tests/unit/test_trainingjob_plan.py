@@ -24,13 +24,21 @@ def trainingjob(**status) -> dict:
     return doc
 
 
-def launched(doc: dict) -> dict:
-    return build_rayjob(parse_trainingjob(doc), CONFIG)
+def owner_ref(uid: str = "u-1", name: str = "mlp-ddp", kind: str = "TrainingJob") -> dict:
+    return {"apiVersion": "rayship.dev/v1alpha1", "kind": kind, "name": name, "uid": uid, "controller": True}
+
+
+def launched(doc: dict, owner: dict | None = None) -> dict:
+    """The RayJob as stored: rendered, then adopted (kopf.adopt) by its TrainingJob."""
+    rayjob = build_rayjob(parse_trainingjob(doc), CONFIG)
+    rayjob["metadata"]["ownerReferences"] = [owner or owner_ref()]
+    rayjob["metadata"]["uid"] = "rj-1"
+    return rayjob
 
 
 def test_creates_the_rayjob_when_absent() -> None:
     todo = plan(trainingjob(), None, None, CONFIG)
-    assert todo.create == launched(trainingjob()) and todo.patch is None
+    assert todo.create == build_rayjob(parse_trainingjob(trainingjob()), CONFIG) and todo.patch is None
     assert todo.context.gpus == 2 and todo.context.invalid is None
 
 
@@ -77,11 +85,47 @@ def test_invalid_spec_is_not_rendered() -> None:
 
 
 def test_foreign_rayjob_is_reported_never_overwritten() -> None:
-    foreign = {"metadata": {"name": "mlp-ddp"}, "spec": {}}
-    todo = plan(trainingjob(), foreign, None, CONFIG)
-    assert todo.create is None and todo.patch is None and todo.context.unapplied
+    for foreign in (
+        {"metadata": {"name": "mlp-ddp"}, "spec": {}},  # no owner
+        launched(trainingjob(), owner_ref(uid="x", name="deployer", kind="Deployment")),
+    ):
+        todo = plan(trainingjob(), foreign, None, CONFIG)
+        assert todo.create is None and todo.patch is None
+        assert todo.context.blocked[0] == "RayJobNameTaken" and "not owned" in todo.context.blocked[1]
+
+
+def test_rayjob_of_a_deleted_namesake_is_waited_for_never_adopted() -> None:
+    """A TrainingJob deleted and re-created with the same name: the old RayJob (owner UID differs,
+    still finalizing) is neither adopted nor mirrored."""
+    old = launched(trainingjob(), owner_ref(uid="u-0"))
+    old["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    old["status"] = {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}
+    todo = plan(trainingjob(), old, None, CONFIG)
+    assert todo.create is None and todo.context.blocked[0] == "PreviousRayJobTerminating"
+
+
+def test_a_launched_rayjob_that_is_gone_is_lost_never_recreated() -> None:
+    todo = plan(trainingjob(phase="Running", rayJobUID="rj-1"), None, None, CONFIG)
+    assert todo.create is None and todo.context.lost == "rj-1"
+
+
+def test_a_spec_the_api_server_refused_is_not_retried_until_edited() -> None:
+    refused = trainingjob(phase="Invalid", observedGeneration=1)
+    assert plan(refused, None, None, CONFIG).create is None and plan(refused, None, None, CONFIG).context.keep
+    refused["metadata"]["generation"] = 2
+    assert plan(refused, None, None, CONFIG).create is not None
 
 
 def test_spec_edits_paths() -> None:
     assert spec_edits({"a": {"b": 1, "c": [1]}}, {"a": {"b": 2, "c": [1]}, "d": 1}) == ["a.b", "d"]
     assert spec_edits({"a": 1}, {"a": 1}) == []
+
+
+def test_kueue_owns_suspend_of_a_queued_job() -> None:
+    doc = trainingjob()
+    doc["spec"]["scheduling"] = {"queue": "team-a"}
+    rayjob = launched(doc)
+    edited = copy.deepcopy(doc)
+    edited["spec"]["suspend"] = True
+    todo = plan(edited, rayjob, None, CONFIG)
+    assert todo.patch is None and todo.context.unapplied == ("suspend",)

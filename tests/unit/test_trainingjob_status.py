@@ -167,3 +167,50 @@ def test_owned_changes_is_empty_when_nothing_changed() -> None:
     stored = {**st, "progress": {"epoch": 2}}  # written by the workload, not ours
     assert owned_changes(stored, derive(obs(rayjob("Running", "RUNNING"), current=stored), NOW)) == {}
     assert "progress" not in derive(obs(rayjob("Complete", "SUCCEEDED"), current=stored), NOW)
+
+
+def test_lost_rayjob_fails_unless_the_workload_had_exported_its_model() -> None:
+    running = {"phase": "Running", "rayJobUID": "rj-1"}
+    lost = derive(obs(None, current=running, lost="rj-1"), NOW)
+    assert lost["phase"] == "Failed" and conditions(lost)["Failed"]["reason"] == "RayJobLost"
+    assert "does not start it again" in conditions(lost)["Failed"]["message"]
+    exported = {**running, "checkpoint": {"model": "/mnt/checkpoints/x/model"}}
+    done = derive(obs(None, current=exported, lost="rj-1"), NOW)
+    assert done["phase"] == "Succeeded" and done["rayJobUID"] == "rj-1" and "checkpoint" not in done
+
+
+def test_blocked_by_a_rayjob_that_is_not_ours_is_pending_with_a_warning() -> None:
+    st = derive(obs(None, blocked=("RayJobNameTaken", "RayJob mlp-ddp already exists and is not owned")), NOW)
+    assert st["phase"] == "Pending" and conditions(st)["Running"]["reason"] == "RayJobNameTaken"
+    (event,) = trainingjob.announce({"phase": "Pending"}, st)
+    assert event.type == "Warning" and event.reason == "RayJobNameTaken"
+    assert trainingjob.announce(st, st) == []  # said once
+
+
+def test_a_child_refused_by_the_api_server_is_invalid_with_its_message() -> None:
+    refused = ("Invalid", "RejectedByAPIServer", 'RayJob.ray.io "x" is invalid: spec.foo: Invalid value')
+    st = derive(obs(None, rejected=refused), NOW)
+    assert st["phase"] == "Invalid" and "spec.foo: Invalid value" in conditions(st)["Valid"]["message"]
+    failed = derive(
+        obs(None, rejected=("Failed", "WorkloadIdentityTaken", "ServiceAccount x is not ours")), NOW
+    )
+    assert failed["phase"] == "Failed" and conditions(failed)["Failed"]["reason"] == "WorkloadIdentityTaken"
+
+
+def test_gpu_seconds_are_summed_over_attempts() -> None:
+    """KubeRay restarts status.startTime with every attempt."""
+    first = rayjob("Running", "RUNNING", startTime="2026-11-22T11:00:00Z")
+    st = derive(obs(first, gpus=4), NOW)  # NOW is 12:00: one hour on 4 GPUs
+    assert st["gpuSeconds"] == 4 * 3600 and st["attempt"] == 1
+    second = rayjob("Running", "RUNNING", startTime="2026-11-22T11:30:00Z", failed=1)
+    st = derive(obs(second, current=st, gpus=4), NOW)
+    assert st["gpuSecondsEarlierAttempts"] == 4 * 1800 and st["gpuSeconds"] == 4 * 3600
+    assert st["attempt"] == 2
+    later = derive(obs(second, current=st, gpus=4), NOW + timedelta(minutes=30))
+    assert later["gpuSeconds"] == 4 * 1800 + 4 * 3600  # earlier attempts are not counted twice
+
+
+def test_a_queued_job_is_reported_as_queued_not_suspended() -> None:
+    st = derive(obs(rayjob("Suspended", ""), queue="team-a"), NOW)
+    assert st["phase"] == "Pending" and conditions(st)["Running"]["reason"] == "Queued"
+    assert "spec.suspend" not in conditions(st)["Running"]["message"]
