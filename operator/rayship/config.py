@@ -40,3 +40,12 @@ class OperatorConfig(BaseSettings):
         0, ge=0, le=65535, description="Prometheus metrics port of the operator (0: off)."
     )
     log_level: str = Field("info", pattern="^(debug|info|warning)$", description="Operator log verbosity.")
+    resync_seconds: float = Field(
+        120,
+        ge=5,
+        description="Every object is reconciled at least this often, so the state converges even when "
+        "an event or an API call was lost.",
+    )
+    wedged_seconds: float = Field(
+        300, ge=30, description="Liveness fails when one reconcile has been running longer than this."
+    )

@@ -7,6 +7,8 @@ Run with `rayship operator` or `kopf run --standalone -m rayship.handlers`.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -19,8 +21,11 @@ from rayship.conditions import Event, Plan, describe_foreign, owned_changes, own
 from rayship.config import OperatorConfig
 
 CONFLICT_RETRIES = 5
+# Timers are declared at import: the resync interval comes from the same RAYSHIP_* environment.
+RESYNC_SECONDS = OperatorConfig().resync_seconds
 
 log = logging.getLogger("rayship")
+_running: dict[int, tuple[str, float]] = {}  # thread -> (what, monotonic start) of running reconciles
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,16 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     metrics.serve(memo.config.metrics_port)
 
 
+@kopf.on.probe(id="reconciles")
+def reconciles_not_wedged(memo: kopf.Memo, **_: Any) -> int:
+    """Liveness: fails (kopf answers 500) while one reconcile has run longer than `wedged_seconds`."""
+    now = time.monotonic()
+    for what, started in list(_running.values()):
+        if now - started > memo.config.wedged_seconds:
+            raise RuntimeError(f"reconcile of {what} has been running for {now - started:.0f} s")
+    return len(_running)
+
+
 # --- TrainingJob ---------------------------------------------------------------------------------
 
 
@@ -97,6 +112,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 @kopf.on.create(*api.TRAININGJOBS, id="create")
 @kopf.on.update(*api.TRAININGJOBS, id="update")
 def trainingjob_changed(*, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    reconcile(TRAINING, _namespaced(namespace), name, memo.config)
+
+
+@kopf.timer(*api.TRAININGJOBS, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS, id="resync")
+def trainingjob_resync(*, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """Converge even if an event, or the reconcile it triggered, was lost (kopf retries a timer that
+    raised; event handlers are never retried)."""
     reconcile(TRAINING, _namespaced(namespace), name, memo.config)
 
 
@@ -112,6 +134,11 @@ def rayjob_changed(*, namespace: str | None, labels: Mapping[str, str], memo: ko
 @kopf.on.create(*api.MODELSERVICES, id="create")
 @kopf.on.update(*api.MODELSERVICES, id="update")
 def modelservice_changed(*, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    reconcile(SERVING, _namespaced(namespace), name, memo.config)
+
+
+@kopf.timer(*api.MODELSERVICES, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS, id="resync")
+def modelservice_resync(*, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     reconcile(SERVING, _namespaced(namespace), name, memo.config)
 
 
@@ -159,11 +186,15 @@ def reconcile(ctl: Controller, namespace: str, name: str, config: OperatorConfig
     """Bring the child in line with the resource, then mirror the child's state into the resource's
     status (written only when it changed, at the resourceVersion it was derived from); idempotent."""
     metrics.RECONCILES.labels(ctl.kind).inc()
-    with metrics.RECONCILE_ERRORS.labels(ctl.kind).count_exceptions():
-        for _attempt in range(CONFLICT_RETRIES):
-            if _reconcile_once(ctl, namespace, name, config):
-                return
-        raise kopf.TemporaryError(f"{ctl.kind} {namespace}/{name} kept changing; retrying", delay=2)
+    _running[threading.get_ident()] = (f"{ctl.kind} {namespace}/{name}", time.monotonic())
+    try:
+        with metrics.RECONCILE_ERRORS.labels(ctl.kind).count_exceptions():
+            for _attempt in range(CONFLICT_RETRIES):
+                if _reconcile_once(ctl, namespace, name, config):
+                    return
+            raise kopf.TemporaryError(f"{ctl.kind} {namespace}/{name} kept changing; retrying", delay=2)
+    finally:
+        _running.pop(threading.get_ident(), None)
 
 
 def _reconcile_once(ctl: Controller, namespace: str, name: str, config: OperatorConfig) -> bool:
