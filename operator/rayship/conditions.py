@@ -4,7 +4,7 @@ the Events a reconcile announces, and the `Plan` both planners return to the rec
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -74,6 +74,43 @@ class Plan:
     # Set by the reconcile loop when the API server refused the plan for good (a 400/422, or an
     # object of the same name it does not own): (phase, reason, message).
     rejected: tuple[str, str, str] | None = None
+
+
+# Container waiting reasons that mean the pod will not start by itself.
+STUCK_WAITING_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CrashLoopBackOff",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
+
+
+def pod_problem(pods: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
+    """(reason, message) for the first pod that cannot start: the scheduler's own reason (e.g.
+    `0/3 nodes are available: 2 Insufficient nvidia.com/gpu ...`) or a container's waiting reason
+    (e.g. ImagePullBackOff); None when every pod is scheduled and starting normally."""
+    for pod in sorted(pods, key=lambda p: str(p.get("metadata", {}).get("name"))):
+        name = pod.get("metadata", {}).get("name")
+        status = pod.get("status") or {}
+        scheduled = find(status, "PodScheduled")
+        if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+            return "Unschedulable", f"pod {name} cannot be scheduled: {scheduled.get('message', '')}"
+        for container in [
+            *(status.get("initContainerStatuses") or []),
+            *(status.get("containerStatuses") or []),
+        ]:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in STUCK_WAITING_REASONS:
+                detail = f": {waiting['message']}" if waiting.get("message") else ""
+                return str(
+                    waiting["reason"]
+                ), f"pod {name}, container {container.get('name')}: {waiting['reason']}{detail}"
+    return None
 
 
 def rfc3339(moment: datetime) -> str:

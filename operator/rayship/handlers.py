@@ -41,7 +41,11 @@ class Controller:
     plan: Callable[
         [Mapping[str, Any], Mapping[str, Any] | None, Mapping[str, Any] | None, OperatorConfig], Plan
     ]
-    status: Callable[[Mapping[str, Any], Mapping[str, Any] | None, Plan, datetime], dict[str, Any]]
+    # The label selector of the child's Ray pods while they are worth a look (not running yet).
+    pods: Callable[[Mapping[str, Any] | None], str | None]
+    status: Callable[
+        [Mapping[str, Any], Mapping[str, Any] | None, Plan, list[dict[str, Any]], datetime], dict[str, Any]
+    ]
     announce: Callable[[Mapping[str, Any], Mapping[str, Any]], list[Event]]
 
 
@@ -64,6 +68,7 @@ TRAINING = Controller(
     child_name=names.rayjob_name,
     related=lambda _: None,
     plan=trainingjob.plan,
+    pods=trainingjob.starting_pods,
     status=trainingjob.status,
     announce=trainingjob.announce,
 )
@@ -74,6 +79,7 @@ SERVING = Controller(
     child_name=names.rayservice_name,
     related=_modelservice_related,
     plan=modelservice.plan,
+    pods=modelservice.starting_pods,
     status=modelservice.status,
     announce=modelservice.announce,
 )
@@ -214,7 +220,9 @@ def _reconcile_once(ctl: Controller, namespace: str, name: str, config: Operator
     except k8s.Busy as busy:
         raise kopf.TemporaryError(str(busy), delay=5) from None
     current = obj.get("status") or {}
-    desired = ctl.status(obj, child, todo, datetime.now(UTC))
+    selector = ctl.pods(child)
+    pods = k8s.list_pods(namespace, selector) if selector else []
+    desired = ctl.status(obj, child, todo, pods, datetime.now(UTC))
     changes = owned_changes(current, desired)
     if not changes:
         return True

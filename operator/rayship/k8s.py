@@ -86,6 +86,14 @@ def get(resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
     return cast(dict[str, Any], found)
 
 
+def list_pods(namespace: str, selector: str) -> list[dict[str, Any]]:
+    """The pods matching a label selector, as plain dicts (for their scheduling and container state)."""
+    found = kubernetes.client.CoreV1Api(_client()).list_namespaced_pod(
+        namespace, label_selector=selector, _request_timeout=TIMEOUT
+    )
+    return [cast(dict[str, Any], _client().sanitize_for_serialization(pod)) for pod in found.items]
+
+
 def create(resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
     """Create a custom object; if it already exists (a concurrent reconcile won, or someone else's),
     return the stored one: the caller checks whose it is."""
@@ -93,7 +101,7 @@ def create(resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     try:
         created = _custom().create_namespaced_custom_object(
-            group, version, namespace, plural, dict(body), _request_timeout=TIMEOUT
+            group, version, namespace, plural, dict(body), field_validation="Strict", _request_timeout=TIMEOUT
         )
         return cast(dict[str, Any], created)
     except ApiException as err:
@@ -148,7 +156,14 @@ def patch(resource: Resource, namespace: str, name: str, body: Mapping[str, Any]
     group, version, plural = resource
     try:
         patched = _custom().patch_namespaced_custom_object(
-            group, version, namespace, plural, name, dict(body), _request_timeout=TIMEOUT
+            group,
+            version,
+            namespace,
+            plural,
+            name,
+            dict(body),
+            field_validation="Strict",
+            _request_timeout=TIMEOUT,
         )
     except ApiException as err:
         if (refused := _refusal(err)) is not None:

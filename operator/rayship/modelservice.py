@@ -22,7 +22,7 @@ from typing import Any, cast
 import yaml
 
 from rayship import api, names, pods
-from rayship.conditions import Event, Plan, condition, describe_foreign, find, ownership
+from rayship.conditions import Event, Plan, condition, describe_foreign, find, ownership, pod_problem
 from rayship.config import OperatorConfig
 from rayship.validation import SpecError, parse
 from rayship.yamlio import canonical_json
@@ -342,10 +342,22 @@ def serving_phase(rayservice: Mapping[str, Any], app: str) -> tuple[str, str, st
     return phase, reason or str(ready_condition.get("reason") or "Deploying"), message
 
 
+def starting_pods(rayservice: Mapping[str, Any] | None) -> str | None:
+    """The label selector of the Ray pods of a cluster being prepared (first deployment or upgrade)."""
+    st = (rayservice or {}).get("status") or {}
+    cluster = (st.get("pendingServiceStatus") or {}).get("rayClusterName")
+    return f"ray.io/cluster={cluster}" if cluster else None
+
+
 def status(
-    modelservice: Mapping[str, Any], rayservice: Mapping[str, Any] | None, plan_: Plan, now: datetime
+    modelservice: Mapping[str, Any],
+    rayservice: Mapping[str, Any] | None,
+    plan_: Plan,
+    pods: list[dict[str, Any]],
+    now: datetime,
 ) -> dict[str, Any]:
-    """The operator-owned status, once the plan was carried out and `rayservice` is what the server holds."""
+    """The operator-owned status, once the plan was carried out and `rayservice` is what the server
+    holds; `pods` are the Ray pods of a cluster being prepared (why one cannot start is said)."""
     ctx: ServiceContext = plan_.context
     current = modelservice.get("status") or {}
     generation = modelservice["metadata"].get("generation", 0)
@@ -388,6 +400,9 @@ def status(
         out.update(phase=phase, conditions=conditions, serveEndpoints=0)
         return out
     phase, reason, message = serving_phase(rayservice, app)
+    stuck = pod_problem(pods)
+    if phase == "Deploying" and stuck is not None:
+        reason, message = stuck[0], f"{message}: {stuck[1]}"
     st = rayservice.get("status") or {}
     up_to_date = st.get("observedGeneration") == rayservice.get("metadata", {}).get("generation")
     deployed_uri = (rayservice.get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_MODEL)

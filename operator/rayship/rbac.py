@@ -46,6 +46,7 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "verbs": ["get", "create"],
     },
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},  # why a Ray pod does not start
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},  # kopf, cluster-wide
     {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
 ]

@@ -20,11 +20,22 @@ from datetime import datetime
 from typing import Any
 
 from rayship import api, names, pods
-from rayship.conditions import Event, Plan, condition, describe_foreign, find, ownership, parse_time
+from rayship.conditions import (
+    STUCK_WAITING_REASONS,
+    Event,
+    Plan,
+    condition,
+    describe_foreign,
+    find,
+    ownership,
+    parse_time,
+    pod_problem,
+)
 from rayship.config import OperatorConfig
 from rayship.validation import SpecError, parse_trainingjob
 from rayship.yamlio import canonical_json
 
+STUCK_REASONS = frozenset({"Unschedulable"}) | STUCK_WAITING_REASONS
 JOB_MODULE = "rayship_workloads.job"  # the workload driver: `python -m rayship_workloads.job --spec`
 
 # --- render ------------------------------------------------------------------------------------
@@ -388,6 +399,7 @@ class Observation:
     lost: str | None = None  # the UID of our launched RayJob, which is gone
     rejected: tuple[str, str, str] | None = None  # (phase, reason, message) from the API server
     queue: str | None = None  # Kueue LocalQueue: Kueue, not the spec, suspends and resumes the RayJob
+    pods: tuple[str, str] | None = None  # (reason, message): why a Ray pod cannot start
     keep: bool = False  # keep the stored status (a spec the API server refused, not edited since)
 
 
@@ -432,6 +444,8 @@ def derive(obs: Observation, now: datetime) -> dict[str, Any]:
     rayjob_status: Mapping[str, Any] = (obs.rayjob or {}).get("status") or {}
     if obs.rayjob is not None:
         phase, reason, message = phase_of(rayjob_status)
+        if phase == "Pending" and obs.pods is not None:
+            reason, message = obs.pods[0], f"{message}: {obs.pods[1]}"
         if phase == "Suspended" and obs.queue:
             phase, reason = "Pending", "Queued"
             message = f"waiting for admission by Kueue (queue {obs.queue}); Kueue starts the Ray cluster"
@@ -541,18 +555,32 @@ def _keep_terminal(obs: Observation, now: datetime) -> dict[str, Any]:
     return kept
 
 
+def starting_pods(rayjob: Mapping[str, Any] | None) -> str | None:
+    """The label selector of the RayJob's Ray pods while its cluster is starting (else None)."""
+    st = (rayjob or {}).get("status") or {}
+    if st.get("jobDeploymentStatus") != "Initializing" or not st.get("rayClusterName"):
+        return None
+    return f"ray.io/cluster={st['rayClusterName']}"
+
+
 def status(
-    trainingjob: Mapping[str, Any], rayjob: Mapping[str, Any] | None, plan_: Plan, now: datetime
+    trainingjob: Mapping[str, Any],
+    rayjob: Mapping[str, Any] | None,
+    plan_: Plan,
+    pods: list[dict[str, Any]],
+    now: datetime,
 ) -> dict[str, Any]:
-    """The operator-owned status, once the plan was carried out and `rayjob` is what the server holds."""
+    """The operator-owned status, once the plan was carried out and `rayjob` is what the server
+    holds; `pods` are its Ray pods while they start (why one cannot start is said)."""
     del trainingjob  # everything it contributes is in the plan's Observation
     obs: Observation = plan_.context
     if obs.blocked is not None:
         rayjob = None  # not ours: its state says nothing about this TrainingJob
-    return derive(replace(obs, rayjob=rayjob, rejected=plan_.rejected), now)
+    return derive(replace(obs, rayjob=rayjob, rejected=plan_.rejected, pods=pod_problem(pods)), now)
 
 
-BLOCKED_REASONS = frozenset({"PreviousRayJobTerminating", "RayJobNameTaken"})
+# Pending for a reason the user must act on (or should know of): announced as a Warning.
+BLOCKED_REASONS = frozenset({"PreviousRayJobTerminating", "RayJobNameTaken"}) | STUCK_REASONS
 
 
 def announce(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Event]:

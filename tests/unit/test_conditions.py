@@ -33,3 +33,41 @@ def test_find_and_owned_changes() -> None:
         "phase": "Failed",
         "conditions": [],
     }
+
+
+def _pod(name: str, **status) -> dict:
+    return {"metadata": {"name": name}, "status": status}
+
+
+def test_pod_problem_names_the_scheduler_reason_or_the_waiting_container() -> None:
+    from rayship.conditions import pod_problem
+
+    unschedulable = _pod(
+        "w-1",
+        conditions=[
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+            }
+        ],
+    )
+    pulling = _pod(
+        "h-0",
+        containerStatuses=[
+            {"name": "ray-head", "state": {"waiting": {"reason": "ImagePullBackOff", "message": "not found"}}}
+        ],
+    )
+    starting = _pod(
+        "ok", containerStatuses=[{"name": "c", "state": {"waiting": {"reason": "ContainerCreating"}}}]
+    )
+    assert pod_problem([starting]) is None
+    assert pod_problem([starting, unschedulable]) == (
+        "Unschedulable",
+        "pod w-1 cannot be scheduled: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+    )
+    assert pod_problem([pulling]) == (
+        "ImagePullBackOff",
+        "pod h-0, container ray-head: ImagePullBackOff: not found",
+    )

@@ -280,7 +280,7 @@ def derive(ms, rayservice, trainingjob, current=None):
     if current:
         ms["status"] = current
     todo = modelservice.plan(ms, rayservice, trainingjob, CONFIG)
-    return modelservice.status(ms, rayservice, todo, NOW)
+    return modelservice.status(ms, rayservice, todo, [], NOW)
 
 
 def by_type(st):
@@ -373,7 +373,7 @@ def test_a_rayservice_that_is_not_ours_is_never_patched_or_mirrored() -> None:
     foreign = adopted(rayservice_with(True, "RUNNING"), {**OWNER, "uid": "someone-else", "name": "other"})
     todo = modelservice.plan(load(), foreign, tj("Succeeded", model="s3://m/v2"), CONFIG)
     assert todo.create is None and todo.patch is None and "not owned" in todo.context.blocked
-    st = modelservice.status(load(), foreign, todo, NOW)
+    st = modelservice.status(load(), foreign, todo, [], NOW)
     assert st["phase"] == "Deploying" and by_type(st)["Ready"]["reason"] == "RayServiceNameTaken"
     assert "modelURI" not in st
 

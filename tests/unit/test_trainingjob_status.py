@@ -214,3 +214,20 @@ def test_a_queued_job_is_reported_as_queued_not_suspended() -> None:
     st = derive(obs(rayjob("Suspended", ""), queue="team-a"), NOW)
     assert st["phase"] == "Pending" and conditions(st)["Running"]["reason"] == "Queued"
     assert "spec.suspend" not in conditions(st)["Running"]["message"]
+
+
+def test_a_pod_that_cannot_start_is_named_in_the_pending_status() -> None:
+    unschedulable = ("Unschedulable", "pod w-1 cannot be scheduled: 0/3 nodes are available")
+    st = derive(obs(rayjob("Initializing"), pods=unschedulable), NOW)
+    running = conditions(st)["Running"]
+    assert st["phase"] == "Pending" and running["reason"] == "Unschedulable"
+    assert running["message"].endswith("pod w-1 cannot be scheduled: 0/3 nodes are available")
+    (event,) = trainingjob.announce({"phase": "Pending"}, st)
+    assert event.type == "Warning" and event.reason == "Unschedulable"
+    assert trainingjob.starting_pods(
+        {"status": {"jobDeploymentStatus": "Initializing", "rayClusterName": "c"}}
+    ) == ("ray.io/cluster=c")
+    assert (
+        trainingjob.starting_pods({"status": {"jobDeploymentStatus": "Running", "rayClusterName": "c"}})
+        is None
+    )
