@@ -1,0 +1,1338 @@
+"""A real Kubernetes control plane on loopback, without Docker (`make cluster-up` / `make cluster-down`).
+
+Real etcd, kube-apiserver, kube-controller-manager and kube-scheduler (built from pinned modules by
+controlplane/build.py), kwok simulating the nodes and the pod lifecycle, the real KubeRay operator
+and the real rayship operator, each authenticated and authorised as it would be on a cluster:
+
+    component                 identity                                   authorised by
+    kube-apiserver            serving cert for 127.0.0.1 / kubernetes.default.svc
+    kube-controller-manager   client cert CN=system:kube-controller-manager  bootstrap RBAC, and one
+                              (--use-service-account-credentials)            ServiceAccount per controller
+    kube-scheduler            client cert CN=system:kube-scheduler       bootstrap RBAC
+    kwok                      client cert CN=rayship:kwok                ClusterRole rayship:kwok (kwok's own rules)
+    PV provisioner            client cert CN=rayship:provisioner         ClusterRole rayship:provisioner
+    KubeRay operator          ServiceAccount kuberay-system/kuberay-operator, TokenRequest token
+                                                                         ClusterRole kuberay-operator (KubeRay's chart rules)
+    rayship operator          the chart's ServiceAccount, TokenRequest token  the chart's own RBAC
+    you (.cluster/kubeconfig) client cert O=system:masters
+
+Address plan (nothing a component dials can leave this machine):
+
+    127.0.0.1            every listener: etcd, apiserver, controller/scheduler health ports, the
+                         operators' probe and metrics ports (free ports, recorded in .cluster/state.json)
+    10.244.0.0/16        POD_CIDR. The host routes it into the network namespace `rayship-pods` (veth
+                         rs-pods0 <-> rs-pods1, link 169.254.244.0/30). There a `local` route (table
+                         local) makes every address of it local; as nothing listens, a connection to
+                         any pod IP (the apiserver's pod/service proxy, KubeRay's dashboard client
+                         through it) is refused at once by this machine's own kernel.
+        10.244.0.0/24    node InternalIPs (10.244.0.11-13); pods never get these
+        10.244.1.0/24    podCIDR of node kwok-cpu-0
+        10.244.2.0/24    podCIDR of node kwok-gpu-l4-0
+        10.244.3.0/24    podCIDR of node kwok-gpu-a100-0
+    10.96.0.0/16         SERVICE_CIDR (ClusterIPs), routed into the same namespace, refused the same way.
+
+    A later step that runs a real Ray head for a pod: create a namespace for the pod and a veth pair
+    from `rayship-pods` into it, give the pod end the pod's IP/32 with a default route via 169.254.244.2, add
+    `<pod IP>/32 dev <veth> table local` in `rayship-pods` (more specific than the local /16, so it
+    wins) and turn on net.ipv4.ip_forward there. The host route needs no change; only those pod IPs
+    then answer, every other address is still refused.
+
+Nothing here resolves a name: every address is a literal IP (the machine's resolver is not on
+loopback), and proxy variables are removed from every component's environment.
+
+CLI:  python controlplane/cluster.py up [--no-operator] | down | status | operator start|stop
+API:  up() -> Cluster, down(), status(), start_operator() -> OperatorHandle, stop_operator()
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+if not __package__:  # run as a script: python controlplane/cluster.py ...
+    sys.path.insert(0, str(ROOT))
+from controlplane import build  # noqa: E402  (stdlib only)
+
+# --- the plan ---------------------------------------------------------------------------------------
+POD_CIDR = "10.244.0.0/16"
+SERVICE_CIDR = "10.96.0.0/16"
+NETNS = "rayship-pods"
+VETH_HOST, VETH_NS = "rs-pods0", "rs-pods1"
+LINK_HOST_IP, LINK_NS_IP = "169.254.244.1", "169.254.244.2"  # a /30 between the host and NETNS
+CLUSTER_DOMAIN = "cluster.local"
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    ip: str
+    pod_cidr: str
+    cpu: str
+    memory: str
+    gpus: int = 0
+    gpu_product: str = ""
+
+
+NODES = (
+    NodeSpec("kwok-cpu-0", "10.244.0.11", "10.244.1.0/24", cpu="16", memory="64Gi"),
+    NodeSpec("kwok-gpu-l4-0", "10.244.0.12", "10.244.2.0/24", "32", "128Gi", 8, "NVIDIA-L4"),
+    NodeSpec("kwok-gpu-a100-0", "10.244.0.13", "10.244.3.0/24", "64", "512Gi", 8, "NVIDIA-A100-SXM4-80GB"),
+)
+
+ADMISSION_PLUGINS = (
+    "NamespaceLifecycle,LimitRanger,ServiceAccount,DefaultStorageClass,DefaultTolerationSeconds,"
+    "MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,ResourceQuota,"
+    "Priority,OwnerReferencesPermissionEnforcement"
+)
+STORAGE_CLASS = "standard"
+PROVISIONER = "rayship.dev/hostpath"
+KUBERAY_NAMESPACE, KUBERAY_SA = "kuberay-system", "kuberay-operator"
+RAYSHIP_RELEASE, RAYSHIP_NAMESPACE = "rayship", "rayship-system"
+TOKEN_SECONDS = 48 * 3600
+
+STATE_DIR = Path(os.environ.get("RAYSHIP_CLUSTER_DIR") or ROOT / ".cluster")
+VENV_BIN = ROOT / ".venv" / "bin"
+KUBERAY_CRDS = Path(os.environ.get("RAYSHIP_KUBERAY_CRDS") or ROOT.parent / "shared" / "kuberay" / "crds")
+CHART = Path(os.environ.get("RAYSHIP_CHART") or ROOT / "charts" / "rayship")  # helm-installed as is
+
+# KubeRay's own ClusterRole (ray-operator/config/rbac/role.yaml, which its Helm chart installs), for
+# the KubeRay operator's ServiceAccount. Verbs as upstream; OpenShift routes and gateway API omitted.
+_CRUD = ["create", "delete", "get", "list", "patch", "update", "watch"]
+KUBERAY_RULES = [
+    {"apiGroups": [""], "resources": ["events", "pods/status", "services"], "verbs": _CRUD},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": [*_CRUD, "deletecollection"]},
+    {"apiGroups": [""], "resources": ["pods/proxy", "services/status"], "verbs": ["get", "patch", "update"]},
+    {"apiGroups": [""], "resources": ["pods/resize"], "verbs": ["patch"]},
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "get", "list", "watch"]},
+    {
+        "apiGroups": [""],
+        "resources": ["serviceaccounts"],
+        "verbs": ["create", "delete", "get", "list", "watch"],
+    },
+    {"apiGroups": [""], "resources": ["services/proxy"], "verbs": ["create", "get", "patch", "update"]},
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": _CRUD},
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["create", "get", "list", "update"],
+    },
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["extensions", "networking.k8s.io"], "resources": ["ingresses"], "verbs": _CRUD},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["ingressclasses"], "verbs": ["get", "list", "watch"]},
+    {
+        "apiGroups": ["ray.io"],
+        "resources": ["rayclusters", "raycronjobs", "rayjobs", "rayservices"],
+        "verbs": _CRUD,
+    },
+    {
+        "apiGroups": ["ray.io"],
+        "resources": [f"{r}/finalizers" for r in ("rayclusters", "raycronjobs", "rayjobs", "rayservices")],
+        "verbs": ["update"],
+    },
+    {
+        "apiGroups": ["ray.io"],
+        "resources": [f"{r}/status" for r in ("rayclusters", "raycronjobs", "rayjobs", "rayservices")],
+        "verbs": ["get", "patch", "update"],
+    },
+    {
+        "apiGroups": ["rbac.authorization.k8s.io"],
+        "resources": ["rolebindings"],
+        "verbs": ["create", "delete", "get", "list", "watch"],
+    },
+    {
+        "apiGroups": ["rbac.authorization.k8s.io"],
+        "resources": ["roles"],
+        "verbs": ["create", "delete", "get", "list", "update", "watch"],
+    },
+]
+# kwok's ClusterRole (kustomize/rbac/role.yaml in sigs.k8s.io/kwok), minus its own CRDs (stages come
+# from a file here).
+KWOK_RULES = [
+    {"apiGroups": [""], "resources": ["events"], "verbs": _CRUD},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["nodes/status", "pods/status"], "verbs": ["patch", "update"]},
+    {
+        "apiGroups": [""],
+        "resources": ["pods"],
+        "verbs": ["delete", "get", "list", "patch", "update", "watch"],
+    },
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["create", "get", "list", "patch", "update", "watch"],
+    },
+]
+PROVISIONER_RULES = [
+    {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "list", "watch"]},
+    {
+        "apiGroups": [""],
+        "resources": ["persistentvolumes"],
+        "verbs": ["get", "list", "watch", "create", "delete"],
+    },
+    {"apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+]
+
+
+def log(msg: str) -> None:
+    print(f"cluster: {msg}", flush=True)
+
+
+# --- paths and state --------------------------------------------------------------------------------
+class Paths:
+    def __init__(self, base: Path = STATE_DIR) -> None:
+        self.base = base
+        self.pki = base / "pki"
+        self.logs = base / "logs"
+        self.etcd = base / "etcd"
+        self.volumes = base / "volumes"
+        self.run = base / "run"  # per-start files: kubeconfigs with tokens, kwok config, cert dirs
+        self.state = base / "state.json"
+        self.lock = base / ".lock"
+        self.kubeconfig = base / "kubeconfig"  # admin
+
+    def kubeconfig_for(self, who: str) -> Path:
+        return self.run / f"{who}.kubeconfig"
+
+
+@dataclass
+class Proc:
+    name: str
+    pid: int  # == its process group id (started with start_new_session=True)
+    start_ticks: int  # /proc/<pid>/stat starttime: tells our process from a recycled pid
+    log: str
+    argv: list[str]
+
+    def alive(self) -> bool:
+        return _start_ticks(self.pid) == self.start_ticks
+
+
+@dataclass
+class OperatorHandle:
+    """The rayship operator running on the host as the chart's ServiceAccount."""
+
+    pid: int
+    log_path: Path
+    liveness_url: str
+    metrics_port: int
+    kubeconfig: Path
+    argv: list[str]
+
+    def alive(self) -> bool:
+        proc = _load_state().procs.get("rayship-operator")
+        return proc is not None and proc.pid == self.pid and proc.alive()
+
+
+@dataclass
+class Cluster:
+    """What `up()` returns: where to reach the cluster and as whom."""
+
+    server: str
+    kubeconfig: Path  # admin (O=system:masters)
+    ca_file: Path
+    state_dir: Path
+    ports: dict[str, int]
+    kuberay_kubeconfig: Path
+    operator: OperatorHandle | None = None
+    started: bool = False  # False when up() found it already running
+    chart_error: str | None = None  # set when `helm install` of the rayship chart failed
+    nodes: tuple[NodeSpec, ...] = NODES
+
+    def kubeconfig_for(self, who: str) -> Path:
+        return Paths(self.state_dir).kubeconfig_for(who)
+
+    def api_client(self) -> Any:
+        """A kubernetes.client.ApiClient authenticated as the admin."""
+        import kubernetes
+
+        return kubernetes.config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return _run(
+            [str(VENV_BIN / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args], check=check, input=input
+        )
+
+
+@dataclass
+class State:
+    ports: dict[str, int] = field(default_factory=dict)
+    procs: dict[str, Proc] = field(default_factory=dict)
+    netns: bool = False
+    operator: dict[str, Any] | None = None
+    chart_error: str | None = None  # why `helm install` of the rayship chart failed, if it did
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "ports": self.ports,
+                "procs": {k: asdict(v) for k, v in self.procs.items()},
+                "netns": self.netns,
+                "operator": self.operator,
+                "chart_error": self.chart_error,
+                "plan": {"pod_cidr": POD_CIDR, "service_cidr": SERVICE_CIDR, "netns": NETNS},
+            },
+            indent=2,
+        )
+
+
+def _load_state(paths: Paths | None = None) -> State:
+    paths = paths or Paths()
+    try:
+        raw = json.loads(paths.state.read_text())
+    except (OSError, ValueError):
+        return State()
+    return State(
+        ports=raw.get("ports", {}),
+        procs={k: Proc(**v) for k, v in raw.get("procs", {}).items()},
+        netns=raw.get("netns", False),
+        operator=raw.get("operator"),
+        chart_error=raw.get("chart_error"),
+    )
+
+
+def _save_state(state: State, paths: Paths) -> None:
+    tmp = paths.state.with_suffix(".tmp")
+    tmp.write_text(state.to_json())
+    tmp.replace(paths.state)
+
+
+@contextlib.contextmanager
+def _locked(paths: Paths) -> Iterator[None]:
+    paths.base.mkdir(parents=True, exist_ok=True)
+    with open(paths.lock, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# --- small helpers ----------------------------------------------------------------------------------
+def _run(
+    argv: list[str], check: bool = True, input: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(argv, capture_output=True, text=True, input=input, env=env)
+    if check and res.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({res.returncode}):\n{res.stdout}{res.stderr}")
+    return res
+
+
+def _start_ticks(pid: int) -> int | None:
+    """Start time of a live (non-zombie) process, or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _clean_env(paths: Paths, **extra: str) -> dict[str, str]:
+    """A minimal environment: no proxy settings, no kubeconfig or in-cluster variables of the caller."""
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME")}
+    keep.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    keep["HOME"] = str(paths.run / "home")
+    keep.update(extra)
+    return keep
+
+
+def _wait(what: str, check, timeout: float, proc: Proc | None = None, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and not proc.alive():
+            raise RuntimeError(f"{what}: {proc.name} exited; see {proc.log}:\n{_tail(proc.log)}")
+        try:
+            result = check()
+            if result:
+                return result
+        except Exception as err:  # noqa: BLE001  (polling: any failure means "not yet")
+            last = err
+        time.sleep(interval)
+    tail = f"\n{_tail(proc.log)}" if proc else ""
+    raise TimeoutError(f"{what}: not ready after {timeout:.0f}s (last error: {last}){tail}")
+
+
+def _tail(path: str | Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _https_get(
+    url: str, paths: Paths, client: str | None = "admin", token: str | None = None
+) -> tuple[int, bytes]:
+    ctx = ssl.create_default_context(cafile=str(paths.pki / "ca.crt"))
+    if client:
+        ctx.load_cert_chain(str(paths.pki / f"{client}.crt"), str(paths.pki / f"{client}.key"))
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx)
+    )
+    try:
+        with opener.open(req, timeout=5) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def _http_ok(url: str, insecure_tls: bool = False) -> bool:
+    ctx = ssl._create_unverified_context() if insecure_tls else None  # self-signed health ports
+    handlers: list[Any] = [urllib.request.ProxyHandler({})]
+    if ctx:
+        handlers.append(urllib.request.HTTPSHandler(context=ctx))
+    try:
+        with urllib.request.build_opener(*handlers).open(url, timeout=2) as resp:
+            return resp.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+# --- certificates (openssl) -------------------------------------------------------------------------
+def _openssl(*args: str) -> None:
+    _run(["openssl", *args])
+
+
+def _ensure_pki(paths: Paths) -> None:
+    pki = paths.pki
+    if (pki / "complete").exists():
+        return
+    shutil.rmtree(pki, ignore_errors=True)
+    pki.mkdir(parents=True)
+    ec = ("-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256")
+    _openssl("genpkey", *ec, "-out", str(pki / "ca.key"))
+    _openssl(
+        "req", "-x509", "-new", "-key", str(pki / "ca.key"), "-subj", "/CN=rayship-local-ca", "-days", "3650",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
+        "-out", str(pki / "ca.crt"),
+    )  # fmt: skip
+    service_ip = SERVICE_CIDR.split("/")[0].rsplit(".", 1)[0] + ".1"  # the `kubernetes` Service
+    sans = ["IP:127.0.0.1", f"IP:{service_ip}", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default",
+            "DNS:kubernetes.default.svc", f"DNS:kubernetes.default.svc.{CLUSTER_DOMAIN}"]  # fmt: skip
+    leaves = {
+        "apiserver": ("/CN=kube-apiserver", "serverAuth", sans),
+        "admin": ("/O=system:masters/CN=rayship-admin", "clientAuth", []),
+        "kube-controller-manager": ("/CN=system:kube-controller-manager", "clientAuth", []),
+        "kube-scheduler": ("/CN=system:kube-scheduler", "clientAuth", []),
+        "kwok": ("/CN=rayship:kwok", "clientAuth", []),
+        "provisioner": ("/CN=rayship:provisioner", "clientAuth", []),
+    }
+    for name, (subject, usage, alt) in leaves.items():
+        key, csr, crt, ext = (pki / f"{name}.{s}" for s in ("key", "csr", "crt", "ext"))
+        _openssl("genpkey", *ec, "-out", str(key))
+        _openssl("req", "-new", "-key", str(key), "-subj", subject, "-out", str(csr))
+        lines = ["basicConstraints=critical,CA:FALSE", "keyUsage=critical,digitalSignature,keyEncipherment",
+                 f"extendedKeyUsage={usage}"]  # fmt: skip
+        if alt:
+            lines.append("subjectAltName=" + ",".join(alt))
+        ext.write_text("\n".join(lines) + "\n")
+        _openssl(
+            "x509", "-req", "-in", str(csr), "-CA", str(pki / "ca.crt"), "-CAkey", str(pki / "ca.key"),
+            "-set_serial", str(int.from_bytes(os.urandom(8), "big")), "-days", "825", "-extfile", str(ext),
+            "-out", str(crt),
+        )  # fmt: skip
+        csr.unlink()
+        ext.unlink()
+    # Service-account token signing pair.
+    _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(pki / "sa.key"))
+    _openssl("pkey", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
+    for key in pki.glob("*.key"):
+        key.chmod(0o600)
+    (pki / "complete").write_text("")
+
+
+def _write_kubeconfig(path: Path, server: str, ca: Path, user: dict[str, str], name: str) -> None:
+    """A kubeconfig (JSON is valid YAML) for one identity."""
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "rayship-local", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
+        "users": [{"name": name, "user": user}],
+        "contexts": [{"name": "rayship-local", "context": {"cluster": "rayship-local", "user": name}}],
+        "current-context": "rayship-local",
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(cfg, fh, indent=2)
+
+
+def _cert_kubeconfig(paths: Paths, who: str, server: str, path: Path | None = None) -> Path:
+    path = path or paths.kubeconfig_for(who)
+    user = {"client-certificate": str(paths.pki / f"{who}.crt"), "client-key": str(paths.pki / f"{who}.key")}
+    _write_kubeconfig(path, server, paths.pki / "ca.crt", user, who)
+    return path
+
+
+# --- network namespace ------------------------------------------------------------------------------
+def _netns_exists() -> bool:
+    return NETNS in _run(["ip", "netns", "list"], check=False).stdout.split()
+
+
+def _ensure_netns() -> None:
+    """The pod network: POD_CIDR and SERVICE_CIDR lead into NETNS, where every connection is refused."""
+    if not _netns_exists():
+        _run(["ip", "netns", "add", NETNS])
+    ns = ["ip", "-n", NETNS]
+    if _run(["ip", "link", "show", VETH_HOST], check=False).returncode != 0:
+        _run(["ip", "link", "add", VETH_HOST, "type", "veth", "peer", "name", VETH_NS, "netns", NETNS])
+    _run(["ip", "addr", "replace", f"{LINK_HOST_IP}/30", "dev", VETH_HOST])
+    _run(["ip", "link", "set", VETH_HOST, "up"])
+    _run([*ns, "addr", "replace", f"{LINK_NS_IP}/30", "dev", VETH_NS])
+    _run([*ns, "link", "set", VETH_NS, "up"])
+    _run([*ns, "link", "set", "lo", "up"])
+    for cidr in (POD_CIDR, SERVICE_CIDR):
+        # In NETNS every address of the range is local, so its kernel answers a SYN with a RST. The
+        # route lives in table `local`: only there does the kernel accept such an address as the
+        # source of that RST. A more specific route added to the same table later wins over it.
+        _run([*ns, "route", "replace", "local", cidr, "dev", "lo", "table", "local"])
+        _run(["ip", "route", "replace", cidr, "via", LINK_NS_IP, "dev", VETH_HOST, "src", LINK_HOST_IP])
+    probe = NODES[0].pod_cidr.split("/")[0].rsplit(".", 1)[0] + ".250"
+    route = _run(["ip", "route", "get", probe]).stdout
+    if f"dev {VETH_HOST}" not in route:
+        raise RuntimeError(f"pod address {probe} does not route into {NETNS}: {route}")
+
+
+def _remove_netns() -> None:
+    for cidr in (POD_CIDR, SERVICE_CIDR):
+        _run(["ip", "route", "del", cidr, "dev", VETH_HOST], check=False)
+    _run(["ip", "link", "del", VETH_HOST], check=False)
+    if _netns_exists():
+        _run(["ip", "netns", "del", NETNS])
+
+
+# --- processes --------------------------------------------------------------------------------------
+def _spawn(name: str, argv: list[str], paths: Paths, env: dict[str, str]) -> Proc:
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    log_path = paths.logs / f"{name}.log"
+    with open(log_path, "ab") as out:
+        out.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
+        out.flush()
+        popen = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+            cwd=str(paths.base), start_new_session=True,
+        )  # fmt: skip
+    popen.returncode = 0  # never waited on here; silence the "still running" warning at exit
+    ticks = _start_ticks(popen.pid)
+    if ticks is None:
+        raise RuntimeError(f"{name} exited at once; see {log_path}:\n{_tail(log_path)}")
+    return Proc(name, popen.pid, ticks, str(log_path), argv)
+
+
+def _stop(proc: Proc, timeout: float = 10.0) -> None:
+    """SIGTERM the process group, SIGKILL it after `timeout`; reap the leader if it is our child.
+
+    The leader is reaped only at the end: until then its pid, and so the group id, stays ours.
+    """
+
+    def wait(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while proc.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    if not proc.alive():
+        _reap(proc.pid)  # gone already: its pid may belong to someone else by now
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    wait(timeout)
+    if proc.alive():
+        log(f"{proc.name} (pgid {proc.pid}) ignored SIGTERM for {timeout:.0f}s: SIGKILL")
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group (e.g. the leader's children)
+    wait(5)
+    _reap(proc.pid)
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+# --- the components ---------------------------------------------------------------------------------
+def _start_etcd(paths: Paths, state: State, bins: dict[str, Path]) -> Proc:
+    client, peer = state.ports["etcd-client"], state.ports["etcd-peer"]
+    argv = [
+        str(bins["etcd"]), "--name", "rayship", "--data-dir", str(paths.etcd),
+        "--listen-client-urls", f"http://127.0.0.1:{client}", "--advertise-client-urls", f"http://127.0.0.1:{client}",
+        "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+        "--initial-cluster", f"rayship=http://127.0.0.1:{peer}", "--initial-cluster-state", "new",
+        "--quota-backend-bytes", str(2 * 1024**3), "--unsafe-no-fsync", "--log-level", "warn",
+    ]  # fmt: skip
+    return _spawn("etcd", argv, paths, _clean_env(paths))
+
+
+def _start_apiserver(paths: Paths, state: State, bins: dict[str, Path]) -> Proc:
+    pki = paths.pki
+    argv = [
+        str(bins["kube-apiserver"]),
+        f"--etcd-servers=http://127.0.0.1:{state.ports['etcd-client']}",
+        "--bind-address=127.0.0.1", f"--secure-port={state.ports['apiserver']}",
+        f"--advertise-address={NODES[0].ip.rsplit('.', 1)[0]}.1",  # inside POD_CIDR's reserved /24: see the plan
+        f"--cert-dir={paths.run / 'apiserver'}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}", "--anonymous-auth=false",
+        f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
+        f"--service-account-issuer=https://kubernetes.default.svc.{CLUSTER_DOMAIN}",
+        "--service-account-max-token-expiration=72h",
+        "--authorization-mode=Node,RBAC", f"--enable-admission-plugins={ADMISSION_PLUGINS}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true",
+        "--kubelet-preferred-address-types=InternalIP", "--profiling=false", "--v=1",
+    ]  # fmt: skip
+    return _spawn("kube-apiserver", argv, paths, _clean_env(paths))
+
+
+def _start_controller_manager(paths: Paths, state: State, bins: dict[str, Path], server: str) -> Proc:
+    kc = _cert_kubeconfig(paths, "kube-controller-manager", server)
+    pki = paths.pki
+    argv = [
+        str(bins["kube-controller-manager"]), f"--kubeconfig={kc}",
+        f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+        f"--client-ca-file={paths.pki / 'ca.crt'}", "--authentication-skip-lookup=true",  # no front proxy here
+        "--bind-address=127.0.0.1", f"--secure-port={state.ports['kube-controller-manager']}",
+        f"--cert-dir={paths.run / 'kube-controller-manager'}",
+        "--use-service-account-credentials=true", f"--service-account-private-key-file={pki / 'sa.key'}",
+        f"--root-ca-file={pki / 'ca.crt'}",
+        f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
+        "--controllers=*", "--leader-elect=false", "--allocate-node-cidrs=false",
+        f"--cluster-cidr={POD_CIDR}", f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--profiling=false", "--v=1",
+    ]  # fmt: skip
+    return _spawn("kube-controller-manager", argv, paths, _clean_env(paths))
+
+
+def _start_scheduler(paths: Paths, state: State, bins: dict[str, Path], server: str) -> Proc:
+    kc = _cert_kubeconfig(paths, "kube-scheduler", server)
+    argv = [
+        str(bins["kube-scheduler"]), f"--kubeconfig={kc}",
+        f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+        f"--client-ca-file={paths.pki / 'ca.crt'}", "--authentication-skip-lookup=true",  # no front proxy here
+        "--bind-address=127.0.0.1", f"--secure-port={state.ports['kube-scheduler']}",
+        f"--cert-dir={paths.run / 'kube-scheduler'}", "--leader-elect=false", "--profiling=false", "--v=1",
+    ]  # fmt: skip
+    return _spawn("kube-scheduler", argv, paths, _clean_env(paths))
+
+
+def _start_kwok(paths: Paths, bins: dict[str, Path], server: str) -> Proc:
+    kc = _cert_kubeconfig(paths, "kwok", server)
+    options = {
+        "kind": "KwokConfiguration",
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "options": {
+            "manageNodesWithAnnotationSelector": "=".join(KWOK_ANNOTATION),
+            "cidr": NODES[0].pod_cidr,  # only used for a node without spec.podCIDR (ours all have one)
+            "nodeIP": NODES[0].ip,  # likewise, for a node without an InternalIP
+            "nodeLeaseDurationSeconds": 40,
+            "enableDebuggingHandlers": False,
+        },
+    }
+    cfg = paths.run / "kwok.yaml"
+    cfg.write_text(json.dumps(options) + "\n")
+    argv = [
+        str(bins["kwok"]),
+        f"--kubeconfig={kc}",
+        f"--config={cfg}",
+        f"--config={HERE / 'kwok-stages.yaml'}",
+    ]
+    return _spawn("kwok", argv, paths, _clean_env(paths))
+
+
+def _start_provisioner(paths: Paths, server: str) -> Proc:
+    kc = _cert_kubeconfig(paths, "provisioner", server)
+    argv = [
+        _venv_python(),
+        str(HERE / "cluster.py"),
+        "provisioner",
+        "--kubeconfig",
+        str(kc),
+        "--volumes",
+        str(paths.volumes),
+    ]
+    return _spawn("provisioner", argv, paths, _clean_env(paths, PYTHONUNBUFFERED="1"))
+
+
+def _venv_python() -> str:
+    py = VENV_BIN / "python"
+    return str(py) if py.exists() else sys.executable
+
+
+# --- objects ----------------------------------------------------------------------------------------
+def _api(kubeconfig: Path) -> Any:
+    import kubernetes
+
+    return kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
+
+
+def _kubectl_apply(paths: Paths, objs: list[dict[str, Any]]) -> None:
+    """Server-side apply (field manager rayship-cluster) of a list of objects."""
+    kubectl = [str(VENV_BIN / "kubectl"), "--kubeconfig", str(paths.kubeconfig)]
+    body = json.dumps({"apiVersion": "v1", "kind": "List", "items": objs})
+    _run(
+        [
+            *kubectl,
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=rayship-cluster",
+            "-f",
+            "-",
+        ],
+        input=body,
+    )
+
+
+def _node_object(node: NodeSpec) -> dict[str, Any]:
+    labels = {
+        "kubernetes.io/hostname": node.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+        "type": "kwok", "node.kubernetes.io/instance-type": "kwok-gpu" if node.gpus else "kwok-cpu",
+    }  # fmt: skip
+    resources = {"cpu": node.cpu, "memory": node.memory, "pods": "110", "ephemeral-storage": "500Gi"}
+    taints = []
+    if node.gpus:
+        labels[GPU_PRODUCT_LABEL] = node.gpu_product
+        labels["nvidia.com/gpu.count"] = str(node.gpus)
+        resources["nvidia.com/gpu"] = str(node.gpus)
+        taints.append(GPU_TAINT)
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": node.name,
+            "labels": labels,
+            "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1]},
+        },
+        "spec": {"podCIDR": node.pod_cidr, "podCIDRs": [node.pod_cidr], "taints": taints},
+        "status": {
+            "capacity": resources,
+            "allocatable": resources,
+            "addresses": [{"type": "InternalIP", "address": node.ip}],
+        },
+    }
+
+
+def _cluster_role(name: str, rules: list[dict[str, Any]], subject: dict[str, str]) -> list[dict[str, Any]]:
+    meta = {"name": name, "labels": {"app.kubernetes.io/managed-by": "rayship-cluster"}}
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": meta,
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [subject],
+        },
+    ]
+
+
+def _bootstrap_objects() -> list[dict[str, Any]]:
+    objs: list[dict[str, Any]] = []
+    objs += _cluster_role(
+        "rayship:kwok",
+        KWOK_RULES,
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "rayship:kwok"},
+    )
+    objs += _cluster_role(
+        "rayship:provisioner",
+        PROVISIONER_RULES,
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "rayship:provisioner"},
+    )
+    objs.append(
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {
+                "name": STORAGE_CLASS,
+                "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+            },
+            "provisioner": PROVISIONER,
+            "reclaimPolicy": "Delete",
+            "volumeBindingMode": "Immediate",
+        }
+    )
+    objs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUBERAY_NAMESPACE}})
+    objs.append(
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": KUBERAY_SA, "namespace": KUBERAY_NAMESPACE},
+        }
+    )
+    objs += _cluster_role(
+        "kuberay-operator",
+        KUBERAY_RULES,
+        {"kind": "ServiceAccount", "name": KUBERAY_SA, "namespace": KUBERAY_NAMESPACE},
+    )
+    return objs
+
+
+def _create_nodes(client: Any) -> None:
+    import kubernetes
+
+    core = kubernetes.client.CoreV1Api(client)
+    existing = {n.metadata.name for n in core.list_node().items}
+    for node in NODES:
+        if node.name in existing:
+            continue
+        body = _node_object(node)
+        core.create_node(body)
+        # Creating a Node keeps its status, but write capacity/addresses again through /status in case
+        # an admission step dropped them (kwok's initialise stage keeps what it finds there).
+        core.patch_node_status(node.name, {"status": body["status"]})
+
+
+def _service_account_token(client: Any, namespace: str, name: str) -> str:
+    import kubernetes
+
+    core = kubernetes.client.CoreV1Api(client)
+    body = kubernetes.client.AuthenticationV1TokenRequest(
+        spec=kubernetes.client.V1TokenRequestSpec(audiences=[], expiration_seconds=TOKEN_SECONDS)
+    )
+    return core.create_namespaced_service_account_token(name, namespace, body).status.token
+
+
+def _token_kubeconfig(paths: Paths, who: str, server: str, token: str) -> Path:
+    path = paths.kubeconfig_for(who)
+    _write_kubeconfig(path, server, paths.pki / "ca.crt", {"token": token}, who)
+    return path
+
+
+def _apply_kuberay_crds(kubeconfig: Path) -> None:
+    if not (KUBERAY_CRDS / "ray.io_rayclusters.yaml").is_file():
+        raise RuntimeError(f"KubeRay CRDs not found in {KUBERAY_CRDS} (set RAYSHIP_KUBERAY_CRDS)")
+    kubectl = [str(VENV_BIN / "kubectl"), "--kubeconfig", str(kubeconfig)]
+    _run(
+        [
+            *kubectl,
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=rayship-cluster",
+            "-f",
+            str(KUBERAY_CRDS),
+        ]
+    )
+    _run([*kubectl, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(KUBERAY_CRDS)])
+
+
+def _start_kuberay(paths: Paths, state: State, bins: dict[str, Path], client: Any, server: str) -> Proc:
+    token = _service_account_token(client, KUBERAY_NAMESPACE, KUBERAY_SA)
+    kc = _token_kubeconfig(paths, "kuberay-operator", server, token)
+    argv = [
+        str(bins["ray-operator"]), "--use-kubernetes-proxy", "--enable-leader-election=false",
+        f"--metrics-addr=127.0.0.1:{state.ports['kuberay-metrics']}",
+        f"--health-probe-bind-address=127.0.0.1:{state.ports['kuberay-probe']}",
+        "--log-stdout-encoder=console",
+    ]  # fmt: skip
+    return _spawn("kuberay-operator", argv, paths, _clean_env(paths, KUBECONFIG=str(kc)))
+
+
+class ChartError(RuntimeError):
+    """`helm install` of the rayship chart failed (the cluster itself is up)."""
+
+
+def _helm_install_rayship(paths: Paths) -> None:
+    """`helm install rayship charts/rayship -n rayship-system --create-namespace`, unless deployed.
+
+    A release left failed by an earlier attempt is uninstalled first. Raises ChartError.
+    """
+    helm = [str(VENV_BIN / "helm"), "--kubeconfig", str(paths.kubeconfig)]
+    home = paths.run / "helm"
+    env = _clean_env(
+        paths,
+        HELM_CACHE_HOME=str(home / "cache"),
+        HELM_CONFIG_HOME=str(home / "config"),
+        HELM_DATA_HOME=str(home / "data"),
+    )
+    status = _run(
+        [*helm, "status", RAYSHIP_RELEASE, "-n", RAYSHIP_NAMESPACE, "-o", "json"], check=False, env=env
+    )
+    if status.returncode == 0:
+        if json.loads(status.stdout).get("info", {}).get("status") == "deployed":
+            return
+        _run([*helm, "uninstall", RAYSHIP_RELEASE, "-n", RAYSHIP_NAMESPACE, "--wait"], check=False, env=env)
+    install = [*helm, "install", RAYSHIP_RELEASE, str(CHART), "-n", RAYSHIP_NAMESPACE, "--create-namespace"]
+    result = _run([*install, "--wait", "--timeout", "120s"], check=False, env=env)
+    if result.returncode != 0:
+        raise ChartError(
+            f"helm install {RAYSHIP_RELEASE} {CHART} failed:\n{(result.stdout + result.stderr).strip()}"
+        )
+
+
+# --- the rayship operator ---------------------------------------------------------------------------
+def _operator_deployment(client: Any) -> Any:
+    import kubernetes
+
+    apps = kubernetes.client.AppsV1Api(client)
+    items = apps.list_namespaced_deployment(
+        RAYSHIP_NAMESPACE, label_selector="app.kubernetes.io/component=operator"
+    ).items
+    if not items:
+        raise RuntimeError(f"no rayship operator Deployment in {RAYSHIP_NAMESPACE}: is the chart installed?")
+    return items[0]
+
+
+def start_operator(extra_env: dict[str, str] | None = None, paths: Paths | None = None) -> OperatorHandle:
+    """Run the real rayship operator on the host, exactly as the chart's Deployment would run it.
+
+    Its args and env come from the Deployment in the cluster; it authenticates as the Deployment's
+    ServiceAccount (a TokenRequest token), so the chart's RBAC authorises every request. The liveness
+    and metrics ports move to free loopback ports. If one is already running, returns its handle.
+    """
+    paths = paths or Paths()
+    with _locked(paths):
+        state = _load_state(paths)
+        running = _operator_handle(state)
+        if running is not None and running.alive():
+            return running
+        server = f"https://127.0.0.1:{state.ports['apiserver']}"
+        client = _api(paths.kubeconfig)
+        dep = _operator_deployment(client)
+        pod = dep.spec.template.spec
+        container = next(c for c in pod.containers if c.name == "operator")
+        token = _service_account_token(client, dep.metadata.namespace, pod.service_account_name or "default")
+        kc = _token_kubeconfig(paths, "rayship-operator", server, token)
+        live_port = _free_port()
+        liveness = f"http://127.0.0.1:{live_port}/healthz"
+        args = list(container.args or [])
+        if "--liveness" in args:
+            args[args.index("--liveness") + 1] = liveness
+        else:
+            args += ["--liveness", liveness]
+        env = {e.name: e.value for e in (container.env or []) if e.value is not None}
+        metrics_port = 0
+        if env.get("RAYSHIP_METRICS_PORT", "0") != "0":
+            metrics_port = _free_port()
+            env["RAYSHIP_METRICS_PORT"] = str(metrics_port)
+        env.update(extra_env or {})
+        rayship = VENV_BIN / "rayship"
+        argv = (
+            [str(rayship), "operator", *args]
+            if rayship.exists()
+            else [sys.executable, "-m", "rayship.cli", "operator", *args]
+        )
+        full_env = _clean_env(paths, KUBECONFIG=str(kc), PYTHONUNBUFFERED="1", **env)
+        full_env["PATH"] = f"{VENV_BIN}:{full_env['PATH']}"
+        proc = _spawn("rayship-operator", argv, paths, full_env)
+        state.procs["rayship-operator"] = proc
+        state.operator = {"liveness_url": liveness, "metrics_port": metrics_port, "kubeconfig": str(kc)}
+        _save_state(state, paths)
+        handle = _operator_handle(state)
+        assert handle is not None
+    _wait("rayship operator liveness", lambda: _http_ok(liveness), 60, proc)
+    log(f"rayship operator pid {proc.pid} ({' '.join(args)}), log {proc.log}")
+    return handle
+
+
+def _operator_handle(state: State) -> OperatorHandle | None:
+    proc = state.procs.get("rayship-operator")
+    if proc is None or state.operator is None:
+        return None
+    return OperatorHandle(proc.pid, Path(proc.log), state.operator["liveness_url"], state.operator["metrics_port"],
+                          Path(state.operator["kubeconfig"]), proc.argv)  # fmt: skip
+
+
+def stop_operator(handle: OperatorHandle | None = None, paths: Paths | None = None) -> None:
+    """Stop the rayship operator (the one recorded in state.json; `handle` must be it, if given)."""
+    paths = paths or Paths()
+    with _locked(paths):
+        state = _load_state(paths)
+        proc = state.procs.get("rayship-operator")
+        if proc is None or (handle is not None and handle.pid != proc.pid):
+            return
+        _stop(proc)
+        del state.procs["rayship-operator"]
+        state.operator = None
+        _save_state(state, paths)
+
+
+# --- up / down / status -----------------------------------------------------------------------------
+CORE = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "provisioner",
+    "kuberay-operator",
+)
+
+
+def _ready(paths: Paths, state: State) -> bool:
+    if not state.procs or not all(name in state.procs and state.procs[name].alive() for name in CORE):
+        return False
+    try:
+        code, _ = _https_get(f"https://127.0.0.1:{state.ports['apiserver']}/readyz", paths)
+    except OSError:
+        return False
+    return code == 200
+
+
+def _cluster(paths: Paths, state: State, started: bool) -> Cluster:
+    return Cluster(
+        server=f"https://127.0.0.1:{state.ports['apiserver']}",
+        kubeconfig=paths.kubeconfig,
+        ca_file=paths.pki / "ca.crt",
+        state_dir=paths.base,
+        ports=dict(state.ports),
+        kuberay_kubeconfig=paths.kubeconfig_for("kuberay-operator"),
+        operator=_operator_handle(state) if "rayship-operator" in state.procs else None,
+        started=started,
+        chart_error=state.chart_error,
+    )
+
+
+def up(operator: bool | None = True, paths: Paths | None = None) -> Cluster:
+    """Start the cluster, or return the running one. Harmless and fast when it already runs.
+
+    The rayship chart is helm-installed (again, if an earlier install failed). operator: True starts
+    the rayship operator if it does not run; False stops it if it runs (for tests that start their
+    own); None leaves it as it is. If the chart does not install, the cluster stays up, the reason is
+    in `Cluster.chart_error`, and with operator=True ChartError is raised.
+    """
+    paths = paths or Paths()
+    t0 = time.monotonic()
+    with _locked(paths):
+        state = _load_state(paths)
+        started = False
+        if _ready(paths, state):
+            log(f"already running: {paths.kubeconfig} (checked in {time.monotonic() - t0:.1f}s)")
+        else:
+            if state.procs or state.netns:
+                log("a previous cluster is partly running: stopping it first")
+                _down(paths)
+            state = _start(paths)
+            started = True
+        t1 = time.monotonic()
+        try:
+            _helm_install_rayship(paths)
+            state.chart_error = None
+        except ChartError as err:
+            state.chart_error = str(err)
+            log(str(err))
+        _save_state(state, paths)
+        if started:
+            log(f"helm install rayship: {time.monotonic() - t1:.1f}s")
+    if operator is True and state.chart_error is None:
+        start_operator(paths=paths)
+    elif operator is False:
+        stop_operator(paths=paths)
+    cluster = _cluster(paths, _load_state(paths), started)
+    if started:
+        log(
+            f"cluster started in {time.monotonic() - t0:.1f}s: kubectl --kubeconfig {paths.kubeconfig} get nodes"
+        )
+    if operator is True and cluster.chart_error:
+        raise ChartError(f"the cluster is up, but the rayship chart did not install: {cluster.chart_error}")
+    return cluster
+
+
+def _start(paths: Paths) -> State:
+    timings: dict[str, float] = {}
+    mark = time.monotonic()
+
+    def lap(name: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        timings[name] = now - mark
+        mark = now
+
+    if os.geteuid() != 0:
+        raise RuntimeError("cluster-up needs root (it creates the network namespace for the pod network)")
+    bins = build.binaries()
+    absent = [name for name, path in bins.items() if not path.exists()]
+    if absent:
+        log(f"binaries missing ({', '.join(absent)}): building them (make cluster-build)")
+        build.ensure_built(log=log)
+    lap("build check")
+    shutil.rmtree(paths.logs, ignore_errors=True)  # a fresh cluster, fresh logs (down keeps the last ones)
+    for d in (paths.logs, paths.run, paths.volumes, paths.run / "home"):
+        d.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(paths.etcd, ignore_errors=True)
+    _ensure_pki(paths)
+    lap("certificates")
+    state = State(ports={name: _free_port() for name in (
+        "etcd-client", "etcd-peer", "apiserver", "kube-controller-manager", "kube-scheduler", "kuberay-metrics", "kuberay-probe",
+    )})  # fmt: skip
+    _ensure_netns()
+    state.netns = True
+    _save_state(state, paths)
+    lap("network namespace")
+    server = f"https://127.0.0.1:{state.ports['apiserver']}"
+    _cert_kubeconfig(paths, "admin", server, paths.kubeconfig)
+
+    def spawn(proc: Proc) -> Proc:
+        state.procs[proc.name] = proc
+        _save_state(state, paths)
+        return proc
+
+    try:
+        etcd = spawn(_start_etcd(paths, state, bins))
+        _wait("etcd", lambda: _http_ok(f"http://127.0.0.1:{state.ports['etcd-client']}/health"), 30, etcd)
+        lap("etcd")
+        apiserver = spawn(_start_apiserver(paths, state, bins))
+        _wait(
+            "kube-apiserver /readyz", lambda: _https_get(f"{server}/readyz", paths)[0] == 200, 90, apiserver
+        )
+        lap("kube-apiserver")
+        kcm = spawn(_start_controller_manager(paths, state, bins, server))
+        sched = spawn(_start_scheduler(paths, state, bins, server))
+        client = _api(paths.kubeconfig)
+        _kubectl_apply(paths, _bootstrap_objects())
+        kwok = spawn(_start_kwok(paths, bins, server))
+        spawn(_start_provisioner(paths, server))
+        _create_nodes(client)
+        _apply_kuberay_crds(paths.kubeconfig)
+        lap("objects + CRDs")
+        kuberay = spawn(_start_kuberay(paths, state, bins, client, server))
+        for name, proc, port in (
+            ("kube-controller-manager", kcm, "kube-controller-manager"),
+            ("kube-scheduler", sched, "kube-scheduler"),
+        ):
+            _wait(
+                f"{name} /healthz",
+                lambda p=port: _http_ok(f"https://127.0.0.1:{state.ports[p]}/healthz", insecure_tls=True),
+                60,
+                proc,
+            )
+        _wait("nodes Ready", lambda: _nodes_ready(client), 60, kwok)
+        _wait(
+            "KubeRay operator /readyz",
+            lambda: _http_ok(f"http://127.0.0.1:{state.ports['kuberay-probe']}/readyz"),
+            60,
+            kuberay,
+        )
+        lap("controllers + nodes Ready")
+    except BaseException:
+        log("start failed: stopping what was started")
+        _down(paths)
+        raise
+    log("timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
+    return state
+
+
+def _nodes_ready(client: Any) -> bool:
+    import kubernetes
+
+    nodes = kubernetes.client.CoreV1Api(client).list_node().items
+    ready = {
+        n.metadata.name
+        for n in nodes
+        if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
+        and not any(t.key == "node.kubernetes.io/not-ready" for t in (n.spec.taints or []))
+    }
+    return ready >= {n.name for n in NODES}
+
+
+def _down(paths: Paths) -> list[str]:
+    state = _load_state(paths)
+    stopped = []
+    # Reverse start order: the operators first, etcd last.
+    for name in reversed(list(state.procs)):
+        proc = state.procs[name]
+        if proc.alive():
+            stopped.append(f"{name} (pgid {proc.pid})")
+        _stop(proc)
+    _remove_netns()
+    for path in (paths.etcd, paths.volumes, paths.run):
+        shutil.rmtree(path, ignore_errors=True)
+    for path in (paths.state, paths.kubeconfig):
+        path.unlink(missing_ok=True)
+    return stopped
+
+
+def down(paths: Paths | None = None) -> None:
+    """Stop every process `up` started (by process group), remove the netns, routes and cluster data.
+
+    Keeps the certificates (.cluster/pki), the logs and the build cache. Harmless when nothing runs.
+    """
+    paths = paths or Paths()
+    if not paths.base.exists():
+        _remove_netns()
+        log("nothing to stop")
+        return
+    with _locked(paths):
+        stopped = _down(paths)
+    log(
+        "stopped "
+        + (", ".join(stopped) if stopped else "nothing (no process was running)")
+        + f"; removed netns {NETNS}"
+    )
+
+
+def status(paths: Paths | None = None) -> dict[str, Any]:
+    paths = paths or Paths()
+    state = _load_state(paths)
+    procs = {name: {"pid": p.pid, "alive": p.alive(), "log": p.log} for name, p in state.procs.items()}
+    ready = False
+    if "apiserver" in state.ports and paths.pki.exists():
+        with contextlib.suppress(OSError):
+            ready = _https_get(f"https://127.0.0.1:{state.ports['apiserver']}/readyz", paths)[0] == 200
+    return {
+        "apiserver_ready": ready,
+        "kubeconfig": str(paths.kubeconfig) if paths.kubeconfig.exists() else None,
+        "ports": state.ports,
+        "processes": procs,
+        "netns": _netns_exists(),
+        "operator": state.operator,
+        "chart_error": state.chart_error,
+    }
+
+
+# --- the PV provisioner (runs as its own component) -------------------------------------------------
+def provisioner(kubeconfig: Path, volumes: Path, interval: float = 1.0) -> None:
+    """Give every pending claim of the default class a hostPath PV under `volumes`/<claim uid>.
+
+    The claim's binding itself is done by the real PV controller (kube-controller-manager): this loop
+    only plays the external provisioner of STORAGE_CLASS, and deletes the PVs it made once released.
+    """
+    import kubernetes
+    from kubernetes.client.exceptions import ApiException
+
+    core = kubernetes.client.CoreV1Api(_api(kubeconfig))
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    while not stop:
+        try:
+            for pvc in core.list_persistent_volume_claim_for_all_namespaces().items:
+                if (
+                    pvc.status.phase != "Pending"
+                    or pvc.spec.volume_name
+                    or pvc.spec.storage_class_name != STORAGE_CLASS
+                ):
+                    continue
+                path = volumes / pvc.metadata.uid
+                path.mkdir(parents=True, exist_ok=True)
+                pv = {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolume",
+                    "metadata": {
+                        "name": f"pvc-{pvc.metadata.uid}",
+                        "annotations": {"pv.kubernetes.io/provisioned-by": PROVISIONER},
+                    },
+                    "spec": {
+                        "capacity": {"storage": pvc.spec.resources.requests["storage"]},
+                        "accessModes": pvc.spec.access_modes,
+                        "volumeMode": pvc.spec.volume_mode or "Filesystem",
+                        "persistentVolumeReclaimPolicy": "Delete",
+                        "storageClassName": STORAGE_CLASS,
+                        "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
+                        "claimRef": {
+                            "apiVersion": "v1",
+                            "kind": "PersistentVolumeClaim",
+                            "namespace": pvc.metadata.namespace,
+                            "name": pvc.metadata.name,
+                            "uid": pvc.metadata.uid,
+                        },  # fmt: skip
+                    },
+                }
+                try:
+                    core.create_persistent_volume(pv)
+                    print(
+                        f"provisioned {pv['metadata']['name']} for {pvc.metadata.namespace}/{pvc.metadata.name}",
+                        flush=True,
+                    )
+                except ApiException as err:
+                    if err.status != 409:
+                        raise
+            for pv in core.list_persistent_volume().items:
+                annotations = pv.metadata.annotations or {}
+                if (
+                    annotations.get("pv.kubernetes.io/provisioned-by") == PROVISIONER
+                    and pv.status.phase == "Released"
+                ):
+                    with contextlib.suppress(ApiException):
+                        core.delete_persistent_volume(pv.metadata.name)
+                    if pv.spec.host_path and Path(pv.spec.host_path.path).parent == volumes:
+                        shutil.rmtree(pv.spec.host_path.path, ignore_errors=True)
+                    print(f"deleted released {pv.metadata.name}", flush=True)
+        except Exception as err:  # noqa: BLE001  (keep running: the apiserver may be restarting)
+            print(f"provisioner: {err}", flush=True)
+        time.sleep(interval)
+
+
+# --- CLI --------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="controlplane/cluster.py", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("up", help="start the cluster (or check the running one)")
+    p.add_argument(
+        "--no-operator", action="store_true", help="do not run the rayship operator (stop it if it runs)"
+    )
+    sub.add_parser("down", help="stop everything and remove the netns and cluster data")
+    sub.add_parser("status", help="what runs, as JSON")
+    p = sub.add_parser("operator", help="start or stop the rayship operator alone")
+    p.add_argument("action", choices=("start", "stop"))
+    p = sub.add_parser("provisioner", help=argparse.SUPPRESS)
+    p.add_argument("--kubeconfig", type=Path, required=True)
+    p.add_argument("--volumes", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if args.command == "up":
+        try:
+            cluster = up(operator=not args.no_operator)
+        except ChartError:
+            log(
+                "the cluster is up, but the rayship chart did not install (see above); `make cluster-down` stops it"
+            )
+            return 1
+        if cluster.operator:
+            log(f"rayship operator: pid {cluster.operator.pid}, log {cluster.operator.log_path}")
+        log(f"ready: kubectl --kubeconfig {cluster.kubeconfig} get nodes")
+    elif args.command == "down":
+        down()
+    elif args.command == "status":
+        print(json.dumps(status(), indent=2))
+    elif args.command == "operator":
+        if args.action == "start":
+            handle = start_operator()
+            log(f"rayship operator: pid {handle.pid}, log {handle.log_path}")
+        else:
+            stop_operator()
+    elif args.command == "provisioner":
+        provisioner(args.kubeconfig, args.volumes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""The local control plane (controlplane/cluster.py) as a session fixture.
+
+`cluster` brings the cluster up without the rayship operator, or reuses one that already runs
+(e.g. after `make cluster-up`), and at the end stops only what it started. The binaries are built
+(once per machine, into ~/.cache/rayship) at collection time, outside every test's timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from controlplane import build
+from controlplane import cluster as controlplane
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "the local control plane needs root (it creates a network namespace for the pod network)"
+    if shutil.which("ip") is None or shutil.which("openssl") is None:
+        return "the local control plane needs `ip` (iproute2) and `openssl`"
+    if not (controlplane.KUBERAY_CRDS / "ray.io_rayclusters.yaml").is_file():
+        return f"KubeRay v1.7.0 CRDs not found in {controlplane.KUBERAY_CRDS} (set RAYSHIP_KUBERAY_CRDS)"
+    if build.missing() and shutil.which("go") is None:
+        return "the control-plane binaries are not built and there is no Go toolchain to build them"
+    return None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build what is missing before the first test runs (the first build takes many minutes)."""
+    if not any(item.get_closest_marker("controlplane") for item in session.items):
+        return
+    if _why_not() is not None or not build.missing():
+        return
+    capture = session.config.pluginmanager.getplugin("capturemanager")
+    reporter = session.config.pluginmanager.getplugin("terminalreporter")
+    with capture.global_and_fixture_disabled():
+        reporter.write_line("controlplane: building the pinned control-plane binaries (first time only)")
+        build.ensure_built(log=reporter.write_line)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[controlplane.Cluster]:
+    reason = _why_not()
+    if reason:
+        pytest.skip(reason)
+    running = controlplane.up(operator=None)
+    try:
+        yield running
+    finally:
+        if running.started:
+            controlplane.down()
+
+
+@pytest.fixture(scope="session")
+def api(cluster: controlplane.Cluster):
+    """A kubernetes.client.ApiClient as the cluster admin."""
+    client = cluster.api_client()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def namespace(api) -> Iterator[str]:
+    """A fresh namespace for one test module (deleted, without waiting, at its end)."""
+    import kubernetes
+
+    core = kubernetes.client.CoreV1Api(api)
+    name = f"cp-test-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    core.delete_namespace(name)
