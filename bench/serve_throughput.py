@@ -39,8 +39,8 @@ import ray  # noqa: E402  (after the environment above)
 import torch  # noqa: E402
 from ray import serve  # noqa: E402
 
-from rayship_workloads import models  # noqa: E402
-from rayship_workloads.serve import APP_NAME, ModelServer, ServeArgs, serve_locally  # noqa: E402
+from rayship_workloads import models, recipes  # noqa: E402
+from rayship_workloads.serve import APP_NAME, ServeArgs, model_deployment, serve_locally  # noqa: E402
 
 IN_FEATURES, HIDDEN = 8, [64, 64]  # the demo MLP
 
@@ -127,7 +127,7 @@ def deploy(
         max_batch_size=max_batch_size,
         batch_wait_timeout_s=args.batch_wait_timeout_s,
     )
-    app = ModelServer.options(max_ongoing_requests=max_ongoing, ray_actor_options={"num_cpus": 1}).bind(
+    app = model_deployment.options(max_ongoing_requests=max_ongoing, ray_actor_options={"num_cpus": 1}).bind(
         config
     )
     serve.run(app, name=APP_NAME, route_prefix="/")
@@ -215,10 +215,9 @@ def main() -> None:
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
 
     torch.manual_seed(0)
-    model = models.MLP(IN_FEATURES, HIDDEN).eval()
-    model_dir = models.export_mlp(
-        Path(_TMP) / "model", {"in_features": IN_FEATURES, "hidden": HIDDEN}, model.state_dict()
-    )
+    model = recipes.MLP(IN_FEATURES, HIDDEN).eval()
+    setup = recipes.ModelSetup({"in_features": IN_FEATURES, "hidden": HIDDEN})
+    model_dir = models.export(Path(_TMP) / "model", "mlp", setup, model.state_dict())
     ray.init(
         address="local",
         num_cpus=4,

@@ -15,7 +15,8 @@ float32, CPU.
             batches in order: forward, MSE, backward, AdamW step, loss.item(). Every epoch is timed.
   Ray Train The product path unchanged: the sample TrainingJob (manifests/samples/trainingjob-ddp.yaml,
             gpusPerWorker 0) with workers.replicas = 1, then 2, through
-            `rayship_workloads.train.train(doc, storage_override=<fresh dir>, metrics_path=...)`
+            `rayship_workloads.train.train(tj, storage_root=<fresh dir>, callbacks=[ProgressCallback(metrics_path=...)])`
+            (what local mode's reporter does, without its terminal lines)
             on a local Ray started once (4 logical CPUs; each worker reserves 1 CPU, Ray runs it with
             one torch thread). Every run gets its own storage directory, so nothing is resumed.
 
@@ -58,7 +59,6 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rayship_workloads.local import private_ray_environment
 
@@ -70,7 +70,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402, N812
 import yaml  # noqa: E402
 
-from rayship_workloads import data, models, recipes, train  # noqa: E402
+from rayship import api  # noqa: E402
+from rayship_workloads import data, job, progress, recipes, train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "manifests" / "samples" / "trainingjob-ddp.yaml"
@@ -142,7 +143,7 @@ def tree_cpu_seconds() -> float:
     return total
 
 
-def trainingjob(workers: int, args: argparse.Namespace) -> dict[str, Any]:
+def trainingjob(workers: int, args: argparse.Namespace) -> api.TrainingJob:
     """The sample TrainingJob on CPU with this benchmark's sizes; validated and resolved."""
     doc = yaml.safe_load(SAMPLE.read_text())
     spec = doc["spec"]
@@ -154,7 +155,7 @@ def trainingjob(workers: int, args: argparse.Namespace) -> dict[str, Any]:
     )
     spec["data"] = {"source": "synthetic", "samples": args.samples}
     spec["workers"].update(replicas=workers, gpusPerWorker=0, cpusPerWorker=1)
-    return train.load_spec(json.dumps(doc))
+    return job.load_trainingjob(json.dumps(doc))
 
 
 def materialize(samples: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,7 +171,7 @@ def baseline(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace) -> Meas
     """Plain PyTorch, one process, one thread: the same model, optimizer, batches and epochs."""
     torch.set_num_threads(1)
     torch.manual_seed(SEED)
-    model = models.build_mlp(recipes.mlp_config(FEATURES, {"hidden": HIDDEN}))
+    model = recipes.build_mlp(recipes.mlp_config(FEATURES, {"hidden": HIDDEN}))
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     n = x.shape[0]
     ends: list[float] = []
@@ -216,9 +217,11 @@ def ray_train(workers: int, args: argparse.Namespace, name: str) -> Measurement:
     clock.start()
     start = time.perf_counter()
     try:
-        outcome = train.train(
-            doc, storage_override=str(run_dir / "store"), metrics_path=str(metrics), echo=False, quiet=True
+        root = str(run_dir / "store")
+        callback = progress.ProgressCallback(
+            epochs=args.epochs, storage_root=root, metrics_path=str(metrics), echo=False
         )
+        outcome = train.train(doc, storage_root=root, callbacks=[callback], quiet=True)
     finally:
         wall = time.perf_counter() - start
         clock.stop()

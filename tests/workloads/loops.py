@@ -20,7 +20,8 @@ def echo_config(config: dict[str, Any]) -> None:
                 "step": epoch,
                 "echo": config["echo"],
                 "world_size": context.get_world_size(),
-                "has_spec": "trainer" in config["rayship"]["spec"],
+                # the resolved spec, as a dict in its camelCase wire form (as own loops always got it)
+                "spec_in_wire_form": "batchSizePerWorker" in config["rayship"]["spec"]["trainer"],
             }
         )
 

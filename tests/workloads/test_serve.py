@@ -19,7 +19,7 @@ import pydantic
 import pytest
 import torch
 
-from rayship_workloads import models
+from rayship_workloads import models, recipes
 from rayship_workloads.serve import ServeArgs, app_builder, serve_locally
 
 pytestmark = pytest.mark.workloads
@@ -53,15 +53,15 @@ def expected(model: torch.nn.Module, rows: list[list[float]]) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def mlp(tmp_path_factory: pytest.TempPathFactory) -> tuple[models.MLP, Path]:
+def mlp(tmp_path_factory: pytest.TempPathFactory) -> tuple[recipes.MLP, Path]:
     torch.manual_seed(1234)
-    model = models.MLP(IN_FEATURES, HIDDEN, OUT_FEATURES).eval()
-    config = {"in_features": IN_FEATURES, "hidden": HIDDEN, "out_features": OUT_FEATURES}
-    return model, models.export_mlp(tmp_path_factory.mktemp("mlp"), config, model.state_dict())
+    model = recipes.MLP(IN_FEATURES, HIDDEN, OUT_FEATURES).eval()
+    setup = recipes.ModelSetup({"in_features": IN_FEATURES, "hidden": HIDDEN, "out_features": OUT_FEATURES})
+    return model, models.export(tmp_path_factory.mktemp("mlp"), "mlp", setup, model.state_dict())
 
 
 @pytest.fixture(scope="module")
-def server(ray_session: None, mlp: tuple[models.MLP, Path]) -> Iterator[str]:
+def server(ray_session: None, mlp: tuple[recipes.MLP, Path]) -> Iterator[str]:
     """The MLP served under /tabular; Serve is shut down with the module."""
     from ray import serve
 
@@ -78,7 +78,7 @@ def server(ray_session: None, mlp: tuple[models.MLP, Path]) -> Iterator[str]:
         serve.shutdown()
 
 
-def test_predict_matches_the_model(server: str, mlp: tuple[models.MLP, Path]) -> None:
+def test_predict_matches_the_model(server: str, mlp: tuple[recipes.MLP, Path]) -> None:
     rows = torch.randn(5, IN_FEATURES, generator=torch.Generator().manual_seed(7)).tolist()
     for batch in (rows, rows[:1]):
         status, body = call("POST", f"{server}/predict", {"instances": batch})
@@ -88,7 +88,7 @@ def test_predict_matches_the_model(server: str, mlp: tuple[models.MLP, Path]) ->
         torch.testing.assert_close(predictions, expected(mlp[0], batch), rtol=0, atol=1e-5)
 
 
-def test_concurrent_requests_share_batches(server: str, mlp: tuple[models.MLP, Path]) -> None:
+def test_concurrent_requests_share_batches(server: str, mlp: tuple[recipes.MLP, Path]) -> None:
     before = call("GET", f"{server}/stats")[1]["batch_sizes"]
     generator = torch.Generator().manual_seed(11)
     inputs = [torch.randn(1 + i % 3, IN_FEATURES, generator=generator).tolist() for i in range(CLIENTS)]
@@ -158,14 +158,14 @@ def test_malformed_predict_is_400(server: str, raw: bytes, message: str) -> None
     assert message in body["error"], body
 
 
-def test_outputs_that_overflow_are_400(server: str, mlp: tuple[models.MLP, Path]) -> None:
+def test_outputs_that_overflow_are_400(server: str, mlp: tuple[recipes.MLP, Path]) -> None:
     row = [3e38] * IN_FEATURES  # finite in float32, but the first layer's sums are not
     assert not torch.isfinite(expected(mlp[0], [row])).all()
     status, body = call("POST", f"{server}/predict", {"instances": [row]})
     assert status == 400 and "non-finite outputs" in body["error"], body
 
 
-def test_healthz(server: str, mlp: tuple[models.MLP, Path]) -> None:
+def test_healthz(server: str, mlp: tuple[recipes.MLP, Path]) -> None:
     assert call("GET", f"{server}/healthz") == (
         200,
         {"status": "ok", "recipe": "mlp", "model_uri": str(mlp[1])},

@@ -1,11 +1,11 @@
-"""Ray Train on local Ray (CPU): DDP, DeepSpeed ZeRO, resume after failures, Ray Data, own loops.
+"""Ray Train on local Ray (CPU): DDP, DeepSpeed ZeRO, resume after failures, Ray Data, own loops,
+and Ray Tune through local mode (`rayship run`).
 
 Each test is a real multi-worker TorchTrainer run (~20-30 s each on 2 cores).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -17,13 +17,14 @@ import pytest
 import torch
 import yaml
 
-from rayship_workloads import data, models, train
+from rayship import api
+from rayship_workloads import data, job, models, progress, recipes, train
 from tests.conftest import ROOT, SAMPLES
 
 pytestmark = pytest.mark.workloads
 
 
-def spec(tmp_path: Path, **changes: Any) -> dict[str, Any]:
+def spec(tmp_path: Path, **changes: Any) -> api.TrainingJob:
     """The DDP sample on CPU with fast settings; `changes` are dotted spec paths."""
     doc = yaml.safe_load((SAMPLES / "trainingjob-ddp.yaml").read_text())
     s = doc["spec"]
@@ -36,7 +37,34 @@ def spec(tmp_path: Path, **changes: Any) -> dict[str, Any]:
         for key in parents:
             node = node.setdefault(key, {})
         node[last] = value
-    return train.load_spec(json.dumps(doc))
+    return job.load_trainingjob(json.dumps(doc))
+
+
+def fit(tj: api.TrainingJob, tmp_path: Path) -> tuple[train.Outcome, Path]:
+    """Train under tmp_path/store; the outcome and the metrics.json the progress callback wrote."""
+    metrics, root = tmp_path / "metrics.json", str(tmp_path / "store")
+    callback = progress.ProgressCallback(
+        epochs=tj.spec.trainer.epochs, storage_root=root, metrics_path=str(metrics), echo=False
+    )
+    return train.train(tj, storage_root=root, callbacks=[callback]), metrics
+
+
+class Recorder:
+    """A `job.Reporter` that keeps what it is given."""
+
+    quiet = True
+
+    def __init__(self, metrics_path: Path) -> None:
+        self.metrics_path = metrics_path
+        self.results: list[job.JobResult] = []
+
+    def progress(self, *, epochs: int, storage_root: str) -> progress.ProgressCallback:
+        return progress.ProgressCallback(
+            epochs=epochs, storage_root=storage_root, metrics_path=str(self.metrics_path), echo=False
+        )
+
+    def finished(self, tj: api.TrainingJob, result: job.JobResult) -> None:
+        self.results.append(result)
 
 
 def checkpoints(outcome: train.Outcome) -> list[str]:
@@ -48,8 +76,9 @@ def losses(metrics_path: Path) -> list[float]:
     return [r["metrics"]["loss"] for r in json.loads(metrics_path.read_text())]
 
 
-def assert_model_predicts(outcome: train.Outcome, in_features: int) -> None:
-    model, manifest = models.load_model(outcome.model_uri)
+def assert_model_predicts(model_uri: str | None, in_features: int) -> None:
+    assert model_uri is not None
+    model, manifest = models.load_model(model_uri)
     assert manifest["recipe"] == "mlp" and manifest["config"]["in_features"] == in_features
     with torch.no_grad():
         out = model(torch.zeros(3, in_features))
@@ -57,16 +86,22 @@ def assert_model_predicts(outcome: train.Outcome, in_features: int) -> None:
 
 
 def test_ddp_two_workers_learns_and_keeps_checkpoints(ray_session, tmp_path: Path) -> None:
-    doc = spec(tmp_path, **{"trainer.epochs": 4, "checkpoint.keep": 2})
-    metrics = tmp_path / "metrics.json"
-    outcome = train.train(
-        doc, storage_override=str(tmp_path / "store"), metrics_path=str(metrics), echo=False
-    )
-    history = losses(metrics)
+    """Through the driver (`job.run`), as the cluster and `rayship run` call it."""
+    tj = spec(tmp_path, **{"trainer.epochs": 4, "checkpoint.keep": 2})
+    reporter = Recorder(tmp_path / "metrics.json")
+    result = job.run(tj, storage_root=str(tmp_path / "store"), reporter=reporter)
+    assert reporter.results == [result]
+    history = losses(reporter.metrics_path)
     assert len(history) == 4 and history[-1] < 0.5 * history[0], history
-    assert checkpoints(outcome) == ["epoch-00003", "epoch-00004"]  # keep: 2
-    assert outcome.latest.endswith("epoch-00004") and outcome.best.endswith("epoch-00004")
-    assert_model_predicts(outcome, in_features=8)
+    run_dir = tmp_path / "store" / "default.mlp-ddp"
+    assert sorted(p.name for p in run_dir.glob("epoch-*")) == ["epoch-00003", "epoch-00004"]  # keep: 2
+    status = api.TrainingJobStatus.model_validate(result.status())  # what the cluster reporter patches
+    assert status.checkpoint is not None and status.tuning is None
+    assert status.checkpoint.latest and status.checkpoint.latest.endswith("epoch-00004")
+    assert status.checkpoint.best == status.checkpoint.latest
+    assert status.checkpoint.model == status.checkpoint.best_model == str(run_dir / "model")
+    assert result.metrics["epoch"] == 4
+    assert_model_predicts(status.checkpoint.model, in_features=8)
 
 
 def test_worker_failure_resumes_from_latest_checkpoint(ray_session, tmp_path: Path) -> None:
@@ -80,7 +115,7 @@ def test_worker_failure_resumes_from_latest_checkpoint(ray_session, tmp_path: Pa
             "failurePolicy.maxWorkerFailures": 1,
         },
     )
-    outcome = train.train(doc, storage_override=str(tmp_path / "store"), echo=False)
+    outcome, _ = fit(doc, tmp_path)
     assert (tmp_path / "crashed").exists(), "the failure was not injected"
     assert outcome.metrics["epoch"] == 4
     assert outcome.metrics["resumed_from_epoch"] == 2  # restarted from epoch 2's checkpoint, not from scratch
@@ -102,9 +137,9 @@ def test_second_process_with_same_run_name_resumes(ray_session, tmp_path: Path) 
             },
         )
         spec_file = tmp_path / f"spec-{epochs}.yaml"
-        spec_file.write_text(yaml.safe_dump(doc))
+        spec_file.write_text(yaml.safe_dump(doc.wire()))
         proc = subprocess.run(
-            [sys.executable, "-m", "rayship_workloads.train", "--spec", str(spec_file)],
+            [sys.executable, "-m", "rayship_workloads.job", "--spec", str(spec_file)],
             env=env,
             capture_output=True,
             text=True,
@@ -143,14 +178,12 @@ def test_parquet_data_through_ray_data(ray_session, tmp_path: Path) -> None:
             "workers.replicas": 1,
         },
     )
-    metrics = tmp_path / "metrics.json"
-    outcome = train.train(
-        doc, storage_override=str(tmp_path / "store"), metrics_path=str(metrics), echo=False
-    )
+    outcome, metrics = fit(doc, tmp_path)
     assert losses(metrics)[-1] < losses(metrics)[0]
+    assert outcome.model_uri is not None
     _, manifest = models.load_model(outcome.model_uri)
     assert manifest["features"] == ["a", "b", "c", "d"]
-    assert_model_predicts(outcome, in_features=4)
+    assert_model_predicts(outcome.model_uri, in_features=4)
 
 
 def test_missing_label_column_is_explained(ray_session, tmp_path: Path) -> None:
@@ -159,7 +192,7 @@ def test_missing_label_column_is_explained(ray_session, tmp_path: Path) -> None:
     with pytest.raises(
         ValueError, match="label column 'y' not in the data .columns: a, b.; set trainer.config.label"
     ):
-        train.build_trainer(doc, storage_override=str(tmp_path / "store"))
+        train.build_trainer(doc, storage_root=str(tmp_path / "store"))
 
 
 def test_bring_your_own_entrypoint_gets_the_config(ray_session, tmp_path: Path) -> None:
@@ -171,24 +204,24 @@ def test_bring_your_own_entrypoint_gets_the_config(ray_session, tmp_path: Path) 
             "trainer.config": {"echo": 7},
         },
     )
-    metrics = tmp_path / "metrics.json"
-    outcome = train.train(
-        doc, storage_override=str(tmp_path / "store"), metrics_path=str(metrics), echo=False
-    )
+    outcome, metrics = fit(doc, tmp_path)
     last = json.loads(metrics.read_text())[-1]  # what the progress callback saw (averaged over ranks)
-    assert last["epoch"] == 2 and last["metrics"] == {"echo": 7.0, "world_size": 2.0, "has_spec": 1.0}
+    assert last["epoch"] == 2
+    assert last["metrics"] == {"echo": 7.0, "world_size": 2.0, "spec_in_wire_form": 1.0}
     assert (
         outcome.latest is None and outcome.model_uri is None
     )  # rayship does not guess the format of a custom loop's checkpoints
 
 
 def test_unknown_entrypoint_is_explained(tmp_path: Path) -> None:
-    from rayship_workloads import recipes
+    def own(entrypoint: str) -> api.TrainerSpec:
+        return api.TrainerSpec.model_validate({"entrypoint": entrypoint})
 
     with pytest.raises(ValueError, match="cannot import 'no_such_module'"):
-        recipes.resolve({"entrypoint": "no_such_module:loop"})
+        recipes.train_loop(own("no_such_module:loop"))
     with pytest.raises(ValueError, match="has no function 'nope'"):
-        recipes.resolve({"entrypoint": "tests.workloads.loops:nope"})
+        recipes.train_loop(own("tests.workloads.loops:nope"))
+    assert recipes.train_loop(own("tests.workloads.loops:echo_config")).__name__ == "echo_config"
 
 
 @pytest.mark.parametrize(
@@ -201,14 +234,12 @@ def test_deepspeed_zero(ray_session, tmp_path: Path, deepspeed: dict[str, Any], 
         tmp_path,
         **{"trainer.strategy": "deepspeed", "trainer.deepspeed": {**deepspeed, "precision": precision}},
     )
-    metrics = tmp_path / "metrics.json"
-    outcome = train.train(
-        doc, storage_override=str(tmp_path / "store"), metrics_path=str(metrics), echo=False
-    )
+    outcome, metrics = fit(doc, tmp_path)
     assert losses(metrics)[-1] < losses(metrics)[0]
+    assert outcome.latest is not None
     latest = Path(outcome.latest)
     assert (latest / "ds" / "mp_rank_00_model_states.pt").is_file() or any(latest.glob("ds/*model_states.pt"))
-    assert_model_predicts(outcome, in_features=8)  # consolidated from the ZeRO shards
+    assert_model_predicts(outcome.model_uri, in_features=8)  # consolidated from the ZeRO shards
 
 
 def test_synthetic_data_is_seeded(ray_session) -> None:
@@ -218,12 +249,13 @@ def test_synthetic_data_is_seeded(ray_session) -> None:
     assert a == b and a != c and set(a[0]) == {"x0", "x1", "x2", "y"}
 
 
-def test_local_scale_down_is_said_in_one_line() -> None:
+def test_local_scale_down_is_said_in_one_line(tmp_path: Path) -> None:
     from rayship_workloads.local import localize
 
-    doc = {"spec": {"workers": {"replicas": 8, "gpusPerWorker": 2}}}
-    local, notice = localize(copy.deepcopy(doc), cores=2, has_gpu=False)
-    assert local["spec"]["workers"] == {"replicas": 2, "gpusPerWorker": 0}
+    tj = spec(tmp_path, **{"workers.replicas": 8, "workers.gpusPerWorker": 2})
+    local, notice = localize(tj, cores=2, has_gpu=False)
+    assert (local.spec.workers.replicas, local.spec.workers.gpus_per_worker) == (2, 0)
+    assert (tj.spec.workers.replicas, tj.spec.workers.gpus_per_worker) == (8, 2)  # a copy
     assert (
         notice
         == "local run: 8 workers x 2 GPU requested -> 2 CPU workers (no GPU here: training on CPU; capped to 2 workers (local cores))"
@@ -231,34 +263,47 @@ def test_local_scale_down_is_said_in_one_line() -> None:
     assert "\n" not in notice
 
 
-def test_tuning_with_asha_reports_the_best_trial(ray_session, tmp_path: Path) -> None:
-    from rayship_workloads import tune
+def test_rayship_run_of_a_tuning_spec_runs_the_trials_and_reports_the_best(
+    ray_session, tmp_path: Path, capsys
+) -> None:
+    """`rayship run` of the tuning sample (smaller, and without checkpoint storage: local mode picks its
+    own directory) runs the search, as the cluster does, and says what it found."""
+    from rayship import cli
 
-    doc = spec(
-        tmp_path,
-        **{
-            "trainer.epochs": 3,
-            "workers.replicas": 1,
-            "data.samples": 512,
-            "tuning": {
-                "numSamples": 4,
-                "scheduler": "asha",
-                "searchSpace": {
-                    "learningRate": {"distribution": "loguniform", "low": 1e-4, "high": 3e-2},
-                    "config.hidden": {"distribution": "choice", "values": [[16], [32, 32]]},
-                },
-            },
+    doc = yaml.safe_load((SAMPLES / "trainingjob-tuning.yaml").read_text())
+    s = doc["spec"]
+    del s["checkpoint"]
+    s["trainer"]["epochs"] = 3
+    s["data"]["samples"] = 512
+    s["workers"].update(replicas=1, gpusPerWorker=0)
+    s["tuning"].update(
+        numSamples=4,
+        maxConcurrentTrials=1,
+        searchSpace={
+            "learningRate": {"distribution": "loguniform", "low": 1e-4, "high": 3e-2},
+            "config.hidden": {"distribution": "choice", "values": [[16], [32, 32]]},
         },
     )
-    found = tune.search(doc, storage_override=str(tmp_path / "store"))
-    assert found.trials == 4
-    assert 1e-4 <= found.best_config["learningRate"] < 3e-2 and found.best_config["config.hidden"] in (
-        [16],
-        [32, 32],
-    )
-    assert found.best_metric > 0 and found.best_checkpoint and found.model_uri
-    _, manifest = models.load_model(found.model_uri)
-    assert manifest["config"]["hidden"] == found.best_config["config.hidden"]  # the best trial's model
+    path, runs = tmp_path / "tuning.yaml", tmp_path / "runs"
+    path.write_text(yaml.safe_dump(doc))
+    assert cli.main(["run", "-f", str(path), "--runs-dir", str(runs)]) == 0
+    out = capsys.readouterr().out
+    run_dir = runs / "mlp-tuning"
+    result = json.loads((run_dir / "result.json").read_text())
+    tuning = result["tuning"]
+    assert tuning["trials"] == 4
+    best = tuning["bestConfig"]
+    assert 1e-4 <= best["learningRate"] < 3e-2 and best["config.hidden"] in ([16], [32, 32])
+    assert tuning["bestMetric"] > 0 and result["metrics"]["loss"] == tuning["bestMetric"]
+    assert set(result["metrics"]) == {"epoch", "step", "loss", "resumed_from_epoch"}  # the loop's, not Tune's
+    trial_lines = [line for line in out.splitlines() if line.startswith("trial ") and "learningRate=" in line]
+    assert len(trial_lines) == 4 and any(tuning["bestTrial"] in line for line in trial_lines), out
+    assert f"best trial {tuning['bestTrial']}: loss " in out
+    assert f"config {json.dumps(best, sort_keys=True)}" in out
+    assert result["best"] and result["model"] == result["bestModel"]
+    assert Path(result["model"]).is_relative_to((run_dir / "checkpoints").resolve())
+    _, manifest = models.load_model(result["model"])
+    assert manifest["config"]["hidden"] == best["config.hidden"]  # the best trial's model
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "deepspeed"])
@@ -276,12 +321,10 @@ def test_causal_lm_recipe_on_a_tiny_config(ray_session, tmp_path: Path, strategy
     if strategy == "deepspeed":
         changes["trainer.deepspeed"] = {"zeroStage": 2, "precision": "fp32"}
     doc = spec(tmp_path, **changes)
-    metrics = tmp_path / "metrics.json"
-    outcome = train.train(
-        doc, storage_override=str(tmp_path / "store"), metrics_path=str(metrics), echo=False
-    )
+    outcome, metrics = fit(doc, tmp_path)
     history = losses(metrics)
     assert history[-1] < history[0], history
+    assert outcome.model_uri is not None
     model, manifest = models.load_model(outcome.model_uri)
     assert manifest["recipe"] == "causal-lm" and manifest["tokenizer"] == "bytes"
     prompt = torch.tensor([list(b"the ray ")])

@@ -1,19 +1,24 @@
 """Training data through Ray Data: seeded synthetic data, or parquet/csv/jsonl from a path or s3://.
 
-Tabular convention: feature columns plus a label column (default `y`); synthetic tabular data has
-features `x0..x{n-1}`. Text convention (causal-lm): a `text` column.
+Two kinds of data, chosen by the recipe (`recipes.Recipe.data_kind`):
+- tabular: feature columns plus a label column (default `y`); synthetic tabular data has features
+  `x0..x{n-1}` (`trainer.config.features`, default 8);
+- text: a `text` column.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow.fs as pafs
 import ray.data
 
+from rayship import api
 from rayship_workloads import storage
 
+DataKind = Literal["tabular", "text"]
 LABEL = "y"
 TEXT = "text"
 READERS = {"parquet": ray.data.read_parquet, "csv": ray.data.read_csv, "jsonl": ray.data.read_json}
@@ -28,10 +33,15 @@ _WORDS = (
 )
 
 
-def data_format(data: dict[str, Any]) -> str:
-    if data.get("format"):
-        return data["format"]
-    return data["uri"].rsplit(".", 1)[-1]  # the API guarantees a known extension when format is unset
+def data_uri(spec: api.DataSpec) -> str:
+    if spec.uri is None:  # the API's rules require it with source: uri
+        raise DataError("spec.data.uri: required with source: uri")
+    return spec.uri
+
+
+def data_format(spec: api.DataSpec) -> str:
+    """`data.format`, else the uri's extension (the API requires a known one when format is unset)."""
+    return spec.format or data_uri(spec).rsplit(".", 1)[-1]
 
 
 def synthetic_arrays(samples: int, features: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -59,14 +69,23 @@ def synthetic_text(samples: int, seed: int) -> ray.data.Dataset:
     return ray.data.from_items(rows)
 
 
-def load(data: dict[str, Any], *, kind: str, config: dict[str, Any]) -> ray.data.Dataset:
-    """The training dataset for a TrainingJob's `spec.data` (`kind`: "tabular" or "text")."""
-    if data.get("source", "synthetic") == "synthetic":
-        seed = int(config.get("seed", 0))
+def synthetic_features(config: Mapping[str, Any]) -> int:
+    """How many feature columns synthetic tabular data has (`trainer.config.features`, default 8)."""
+    return int(config.get("features", 8))
+
+
+def seed(config: Mapping[str, Any]) -> int:
+    """`trainer.config.seed` (default 0): synthetic data and model initialisation."""
+    return int(config.get("seed", 0))
+
+
+def load(spec: api.DataSpec, *, kind: DataKind, config: Mapping[str, Any]) -> ray.data.Dataset:
+    """The training dataset for a TrainingJob's `spec.data`; `config` is `trainer.config`."""
+    if spec.source == "synthetic":
         if kind == "text":
-            return synthetic_text(data.get("samples", 4096), seed)
-        return synthetic_tabular(data.get("samples", 4096), int(config.get("features", 8)), seed)
-    uri = data["uri"]
+            return synthetic_text(spec.samples, seed(config))
+        return synthetic_tabular(spec.samples, synthetic_features(config), seed(config))
+    uri = data_uri(spec)
     fs, path = storage.filesystem(uri)
     try:
         found = fs.get_file_info(path).type != pafs.FileType.NotFound
@@ -74,18 +93,23 @@ def load(data: dict[str, Any], *, kind: str, config: dict[str, Any]) -> ray.data
         raise DataError(f"spec.data.uri: cannot read {uri}: {err}") from None
     if not found:
         raise DataError(f"spec.data.uri: {uri} does not exist")
-    return READERS[data_format(data)](uri)
+    return READERS[data_format(spec)](uri)
 
 
-def feature_columns(dataset: ray.data.Dataset, config: dict[str, Any]) -> list[str]:
+def label(config: Mapping[str, Any]) -> str:
+    """The label column: `trainer.config.label`, default `y`."""
+    return str(config.get("label", LABEL))
+
+
+def feature_columns(dataset: ray.data.Dataset, config: Mapping[str, Any]) -> list[str]:
     """`config.features` if it lists columns, else every column but the label."""
     listed = config.get("features")
     if isinstance(listed, list):
         return [str(c) for c in listed]
-    label = config.get("label", LABEL)
+    target = label(config)
     names = dataset.schema().names
-    if label not in names:
+    if target not in names:
         raise DataError(
-            f"trainer.config.label: label column {label!r} not in the data (columns: {', '.join(names)}); set trainer.config.label"
+            f"trainer.config.label: label column {target!r} not in the data (columns: {', '.join(names)}); set trainer.config.label"
         )
-    return [c for c in names if c != label]
+    return [c for c in names if c != target]

@@ -1,19 +1,31 @@
 """Local mode: the same TrainingJob YAML on a laptop's Ray (`rayship run -f`), then serving and
 querying the result (`rayship serve`, `make demo`).
 
-Outputs go to `./rayship-runs/<name>/`: `checkpoints/`, `metrics.json`, `loss.png` and
-`result.json` ({latest, best, model} URIs; `rayship serve` resolves TrainingJobs through it).
+`run` scales the spec to this machine and calls the same driver as the cluster (`job.run`: train, or
+tune with `spec.tuning`) with a `LocalReporter`. Outputs go to `./rayship-runs/<name>/`:
+`checkpoints/`, `metrics.json`, `loss.png` (of a training run) and `result.json` ({latest, best, model,
+bestModel} URIs, metrics, and `tuning` for a search; `rayship serve` resolves TrainingJobs through it).
+`spec.checkpoint.storage` is not used here.
 """
 
 from __future__ import annotations
 
-import copy
 import json
+import logging
 import os
 import tempfile
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from rayship import api
+from rayship.validation import parse_trainingjob
+
+if TYPE_CHECKING:  # at run time, imported where used: `rayship serve` needs no Ray Train or Tune
+    from ray.train.v2.api.callback import UserCallback
+
+    from rayship_workloads.job import JobResult
 
 RUNS_DIR = Path("rayship-runs")
 
@@ -33,24 +45,30 @@ def private_ray_environment(prefix: str) -> str:
     return directory
 
 
-def localize(doc: dict[str, Any], *, cores: int, has_gpu: bool) -> tuple[dict[str, Any], str]:
-    """The spec scaled to this machine, and one line saying what changed."""
-    doc = copy.deepcopy(doc)
-    workers = doc["spec"]["workers"]
-    asked = f"{workers['replicas']} workers x {workers['gpusPerWorker']} GPU"
+def as_trainingjob(tj: api.TrainingJob | Mapping[str, Any]) -> api.TrainingJob:
+    """A TrainingJob model as it is, or a document validated into one for local Ray (without the
+    rules only a cluster needs, such as `checkpoint.storage`)."""
+    return tj if isinstance(tj, api.TrainingJob) else parse_trainingjob(tj, local=True)
+
+
+def localize(tj: api.TrainingJob, *, cores: int, has_gpu: bool) -> tuple[api.TrainingJob, str]:
+    """The TrainingJob scaled to this machine (a copy), and one line saying what changed."""
+    local = tj.model_copy(deep=True)
+    workers = local.spec.workers
+    asked = f"{workers.replicas} workers x {workers.gpus_per_worker} GPU"
     changes = []
-    if workers["gpusPerWorker"] and not has_gpu:
-        workers["gpusPerWorker"] = 0
+    if workers.gpus_per_worker and not has_gpu:
+        workers.gpus_per_worker = 0
         changes.append("no GPU here: training on CPU")
-    if workers["replicas"] > cores:
-        workers["replicas"] = cores
+    if workers.replicas > cores:
+        workers.replicas = cores
         changes.append(f"capped to {cores} workers (local cores)")
-    got = f"{workers['replicas']} {'GPU' if workers['gpusPerWorker'] else 'CPU'} workers"
-    return doc, f"local run: {asked} requested -> {got}" + (f" ({'; '.join(changes)})" if changes else "")
+    got = f"{workers.replicas} {'GPU' if workers.gpus_per_worker else 'CPU'} workers"
+    return local, f"local run: {asked} requested -> {got}" + (f" ({'; '.join(changes)})" if changes else "")
 
 
-def run_dir(doc: dict[str, Any], runs_dir: Path = RUNS_DIR) -> Path:
-    return (runs_dir / doc["metadata"]["name"]).resolve()
+def run_dir(tj: api.TrainingJob, runs_dir: Path = RUNS_DIR) -> Path:
+    return (runs_dir / tj.metadata.name).resolve()
 
 
 def init_ray(workers: int) -> None:
@@ -67,7 +85,7 @@ def init_ray(workers: int) -> None:
             num_cpus=max(os.cpu_count() or 1, workers + 2),
             include_dashboard=True,  # Ray Train V2 frees stopped runs' workers through its State API
             object_store_memory=256 * 1024 * 1024,
-            logging_level="WARNING",
+            logging_level=logging.WARNING,
             log_to_driver=False,  # Ray's own chatter; progress is followed from metrics.json instead
         )
 
@@ -84,10 +102,9 @@ def follow(metrics_path: Path, epochs: int, stop: threading.Event) -> None:
             continue
         for record in history[shown:]:
             loss = record["metrics"].get("loss")
+            shown_loss = f"  loss {loss:.5f}" if loss is not None else ""
             saved = f"  checkpoint {record['checkpoint']}" if record.get("checkpoint") else ""
-            print(
-                f"epoch {record['epoch']}/{epochs}  step {record['step']}  loss {loss:.5f}{saved}", flush=True
-            )
+            print(f"epoch {record['epoch']}/{epochs}  step {record['step']}{shown_loss}{saved}", flush=True)
         shown = len(history)
         if stop.is_set():
             return
@@ -109,49 +126,93 @@ def plot_loss(history: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def run(doc: dict[str, Any], *, runs_dir: Path = RUNS_DIR) -> dict[str, Any]:
-    """Train a resolved TrainingJob on local Ray; returns result.json's content."""
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else json.dumps(value)
+
+
+class LocalReporter:
+    """Local mode's `job.Reporter`: epoch lines on the terminal (followed from metrics.json while a
+    run trains), then loss.png, result.json and a summary under the run directory `out`."""
+
+    quiet = True
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.metrics_path = out / "metrics.json"
+        self.summary: dict[str, Any] = {}  # result.json's content, once finished
+        self._stop = threading.Event()
+        self._follower: threading.Thread | None = None
+
+    def progress(self, *, epochs: int, storage_root: str) -> UserCallback:
+        from rayship_workloads.progress import ProgressCallback
+
+        self._follower = threading.Thread(
+            target=follow, args=(self.metrics_path, epochs, self._stop), daemon=True
+        )
+        self._follower.start()
+        return ProgressCallback(
+            epochs=epochs, storage_root=storage_root, metrics_path=str(self.metrics_path), echo=False
+        )
+
+    def close(self) -> None:
+        """Stop following metrics.json (after printing what it holds)."""
+        self._stop.set()
+        if self._follower is not None:
+            self._follower.join(timeout=5)
+            self._follower = None
+
+    def _print_trials(self, metric: str, tuning: api.TuningStatus, result: JobResult) -> None:
+        """One line per trial, then the best one."""
+        for trial in result.trials:
+            if trial.error:
+                outcome = f"failed: {trial.error.splitlines()[0]}"
+            elif trial.metric is None:
+                outcome = f"reported no {metric}"
+            else:
+                outcome = f"{metric} {trial.metric:.5f} (epoch {trial.epoch})"
+            config = "  ".join(f"{k}={_short(v)}" for k, v in sorted(trial.config.items()))
+            print(f"trial {trial.trial_id}  {outcome}  {config}", flush=True)
+        print(
+            f"best trial {tuning.best_trial}: {metric} {tuning.best_metric:.5f}  "
+            f"config {json.dumps(tuning.best_config, sort_keys=True)}",
+            flush=True,
+        )
+        print(f"trial results: {result.tune_results}", flush=True)
+
+    def finished(self, tj: api.TrainingJob, result: JobResult) -> None:
+        self.close()
+        name = tj.metadata.name
+        self.summary = {"name": name, **result.checkpoint.model_dump(mode="json", by_alias=True)}
+        self.summary["metrics"] = result.metrics
+        if result.tuning is not None and tj.spec.tuning is not None:
+            self.summary["tuning"] = result.tuning.wire()
+            self._print_trials(tj.spec.tuning.metric, result.tuning, result)
+        (self.out / "result.json").write_text(json.dumps(self.summary, indent=2))
+        if self.metrics_path.is_file():
+            plot_loss(json.loads(self.metrics_path.read_text()), self.out / "loss.png", name)
+            print(f"metrics: {self.metrics_path}  loss curve: {self.out / 'loss.png'}")
+        print(f"model: {result.checkpoint.model}", flush=True)
+
+
+def run(tj: api.TrainingJob | Mapping[str, Any], *, runs_dir: Path = RUNS_DIR) -> dict[str, Any]:
+    """Train (or tune, with `spec.tuning`) a TrainingJob on local Ray; returns result.json's content."""
     import torch
 
-    from rayship_workloads import train
+    from rayship_workloads import job
 
-    local, notice = localize(doc, cores=os.cpu_count() or 1, has_gpu=torch.cuda.is_available())
+    local, notice = localize(as_trainingjob(tj), cores=os.cpu_count() or 1, has_gpu=torch.cuda.is_available())
     print(notice, flush=True)
     out = run_dir(local, runs_dir)
     out.mkdir(parents=True, exist_ok=True)
-    init_ray(local["spec"]["workers"]["replicas"])
-    metrics_path = out / "metrics.json"
-    metrics_path.unlink(missing_ok=True)
-    stop = threading.Event()
-    follower = threading.Thread(
-        target=follow, args=(metrics_path, local["spec"]["trainer"]["epochs"], stop), daemon=True
-    )
-    follower.start()
+    for stale in ("metrics.json", "loss.png"):  # a tuning run writes neither
+        (out / stale).unlink(missing_ok=True)
+    init_ray(local.spec.workers.replicas)
+    reporter = LocalReporter(out)
     try:
-        outcome = train.train(
-            local,
-            storage_override=str(out / "checkpoints"),
-            metrics_path=str(metrics_path),
-            quiet=True,
-            echo=False,
-        )
+        job.run(local, storage_root=str(out / "checkpoints"), reporter=reporter)
     finally:
-        stop.set()
-        follower.join(timeout=5)
-    history = json.loads((out / "metrics.json").read_text())
-    plot_loss(history, out / "loss.png", local["metadata"]["name"])
-    result = {
-        "name": local["metadata"]["name"],
-        "latest": outcome.latest,
-        "best": outcome.best,
-        "model": outcome.model_uri,
-        "bestModel": outcome.best_model_uri,
-        "metrics": outcome.metrics,
-    }
-    (out / "result.json").write_text(json.dumps(result, indent=2))
-    print(f"metrics: {out / 'metrics.json'}  loss curve: {out / 'loss.png'}")
-    print(f"model: {outcome.model_uri}", flush=True)
-    return result
+        reporter.close()
+    return reporter.summary
 
 
 def post_json(url: str, payload: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
@@ -161,7 +222,8 @@ def post_json(url: str, payload: dict[str, Any], timeout: float = 30.0) -> dict[
         url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
     )
     with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read())
+        body: dict[str, Any] = json.loads(response.read())
+    return body
 
 
 def serve(model_uri: str, *, port: int, route_prefix: str = "/", block: bool = True) -> str:
@@ -188,19 +250,22 @@ def serve(model_uri: str, *, port: int, route_prefix: str = "/", block: bool = T
     return url
 
 
-def demo(doc: dict[str, Any], *, runs_dir: Path = RUNS_DIR, port: int = 8000) -> dict[str, Any]:
+def demo(
+    tj: api.TrainingJob | Mapping[str, Any], *, runs_dir: Path = RUNS_DIR, port: int = 8000
+) -> dict[str, Any]:
     """The main job end to end: train on local Ray, serve the model, send one prediction, shut down."""
     import ray
     from ray import serve as ray_serve
 
     from rayship_workloads import data
 
-    result = run(doc, runs_dir=runs_dir)
+    tj = as_trainingjob(tj)
+    result = run(tj, runs_dir=runs_dir)
     try:
-        url = serve(result["model"], port=port, route_prefix="/" + doc["metadata"]["name"], block=False)
-        config = doc["spec"]["trainer"].get("config") or {}
+        url = serve(result["model"], port=port, route_prefix="/" + tj.metadata.name, block=False)
+        config = tj.spec.trainer.config
         # A fresh draw from the function the synthetic training data came from (not a training row).
-        x, y = data.synthetic_arrays(1, int(config.get("features", 8)), seed=int(config.get("seed", 0)))
+        x, y = data.synthetic_arrays(1, data.synthetic_features(config), seed=data.seed(config))
         features, target = [float(v) for v in x[0]], float(y[0])
         answer = post_json(f"{url.rstrip('/')}/predict", {"instances": [features]})
         prediction = answer["predictions"][0][0]
@@ -213,22 +278,27 @@ def demo(doc: dict[str, Any], *, runs_dir: Path = RUNS_DIR, port: int = 8000) ->
         print("shut down: Serve and local Ray stopped", flush=True)
 
 
-def resolve_model(ms: dict[str, Any], *, runs_dir: Path = RUNS_DIR) -> str:
-    """A ModelService's model on this machine: `model.uri`, or the export of a local `rayship run`."""
-    source = ms["spec"]["model"]
-    if source.get("uri"):
-        return source["uri"]
-    ref = source["fromTrainingJob"]
-    result_file = (runs_dir / ref["name"] / "result.json").resolve()
+def resolve_model(ms: api.ModelService | Mapping[str, Any], *, runs_dir: Path = RUNS_DIR) -> str:
+    """A ModelService's model on this machine: `model.uri`, or the export of a local `rayship run`.
+    `ms` is the model, or a document with at least `spec.model`."""
+    source = (
+        ms.spec.model
+        if isinstance(ms, api.ModelService)
+        else api.ModelSource.model_validate(ms["spec"]["model"])
+    )
+    if source.uri:
+        return source.uri
+    ref = source.from_training_job
+    if ref is None:  # the API requires exactly one of uri and fromTrainingJob
+        raise FileNotFoundError("spec.model: set uri or fromTrainingJob")
+    result_file = (runs_dir / ref.name / "result.json").resolve()
     if not result_file.is_file():
         raise FileNotFoundError(
-            f"spec.model.fromTrainingJob: TrainingJob {ref['name']} has no local run ({result_file} is missing); "
+            f"spec.model.fromTrainingJob: TrainingJob {ref.name} has no local run ({result_file} is missing); "
             "train it first with `rayship run -f <its yaml>`"
         )
-    key = "model" if ref.get("checkpoint", "latest") == "latest" else "bestModel"
+    key = "model" if ref.checkpoint == "latest" else "bestModel"
     uri = json.loads(result_file.read_text()).get(key)
     if not uri:
-        raise FileNotFoundError(
-            f"spec.model.fromTrainingJob: the local run of {ref['name']} exported no {key}"
-        )
-    return uri
+        raise FileNotFoundError(f"spec.model.fromTrainingJob: the local run of {ref.name} exported no {key}")
+    return str(uri)

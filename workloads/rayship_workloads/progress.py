@@ -1,8 +1,9 @@
 """Progress: every report's epoch, step, metrics and checkpoint go to the terminal, to a local
 metrics.json, and (inside the cluster) to the TrainingJob's `status.progress`.
 
-Runs as a Ray Train callback on the controller. Patching the TrainingJob is rate-limited and never
-fatal: a failed patch is logged and training goes on.
+`ProgressCallback` runs as a Ray Train callback on the controller; the driver's reporter (`job`)
+decides which of those it writes. Patching the TrainingJob is rate-limited and never fatal: a failed
+patch is logged and training goes on.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from statistics import fmean
 from typing import Any
 
 import ray.train
+from ray.train.v2.api.callback import UserCallback
+
+from rayship import api
 
 log = logging.getLogger("rayship.progress")
 MIN_INTERVAL_S = 10.0
@@ -53,8 +57,9 @@ class TrainingJobStatus:
             if self._api is None:
                 kubernetes.config.load_incluster_config()
                 self._api = kubernetes.client.CustomObjectsApi()
+            group, version, plural = api.TRAININGJOBS
             self._api.patch_namespaced_custom_object_status(
-                "rayship.dev", "v1alpha1", self.namespace, "trainingjobs", self.name, {"status": status}
+                group, version, self.namespace, plural, self.name, {"status": status}
             )
             return True
         except (ApiException, HTTPError, OSError, kubernetes.config.ConfigException) as err:
@@ -67,7 +72,10 @@ class TrainingJobStatus:
             return False
 
 
-class ProgressCallback(ray.train.UserCallback):
+class ProgressCallback(UserCallback):
+    """Each report: a `[rayship] epoch ...` line (`echo`), the history in `metrics_path`, and the
+    TrainingJob's `status.progress` (`trainingjob`: `namespace/name`)."""
+
     def __init__(
         self,
         *,

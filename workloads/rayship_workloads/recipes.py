@@ -1,8 +1,20 @@
-"""Train loops (`train_loop_per_worker`): the built-in recipes and bring-your-own `module:function`.
+"""The recipe registry: one `Recipe` record per built-in `trainer.recipe`, and bring-your-own train
+loops (`trainer.entrypoint: module:function`).
 
-Every loop receives `config` = the TrainingJob's `trainer.config` plus a `rayship` key holding the
-resolved spec and what the driver worked out (feature columns, model config). The loops mark their
-Ray steps `# [1] prepare data ... # [4] report`.
+A recipe is everything rayship knows about one kind of model:
+- `data_kind`: the data it trains on (`data.load`: tabular rows, or a text column);
+- `model_setup`: its model config, worked out from the data and `trainer.config`;
+- `loop`: its Ray Train `train_loop_per_worker`;
+- `export`: its weights in the serving layout (`models.export` adds the manifest);
+- `load`: that model back, ready to serve (`models.load`, used by `serve`).
+
+Adding a recipe: write those here, add its `Recipe` to `RECIPES`, and add its name to
+`TrainerSpec.recipe` in `operator/rayship/api.py`. Nothing else names a recipe.
+
+Every loop receives `config` = the TrainingJob's `trainer.config` plus a `rayship` key: the resolved
+spec in its camelCase wire form (`spec`), the model config (`model_config`) and the setup's extras
+(e.g. the feature columns), `storage_root` and `run_name`. Own loops get the same, with the data and
+setup of `OWN_LOOP_DATA`. The loops mark their Ray steps `# [1] prepare data ... # [4] report`.
 """
 
 from __future__ import annotations
@@ -10,20 +22,75 @@ from __future__ import annotations
 import importlib
 import json
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
+import ray.data
 import ray.train
 import ray.train.torch
 import torch
 import torch.nn.functional as F  # noqa: N812
+from torch import nn
 
-from rayship_workloads import data, models, strategies
+from rayship import api
+from rayship_workloads import data, strategies
 from rayship_workloads.strategies import Strategy
 
-STATE = "rayship-state.json"
+TrainLoop = Callable[[dict[str, Any]], None]
 EpochHook = Callable[[int], None]
+STATE = "rayship-state.json"
+
+
+@dataclass(frozen=True)
+class ModelSetup:
+    """What a recipe works out before training: the model config (it builds the model, and is the
+    exported manifest's `config`) and extras handed to the loops and written to the manifest."""
+
+    config: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TextGenerator(Protocol):
+    """A text model as Serve's `/generate` uses it."""
+
+    max_positions: int | None  # prompt + completion tokens the model takes (None: no limit known)
+
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+    def greedy(self, ids: list[int], max_new_tokens: int) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class Servable:
+    """A loaded model (in eval mode, on the CPU) and how Serve talks to it: `/predict` takes rows of
+    `inputs` numbers, `/generate` goes through `generator`; a model has one or the other."""
+
+    model: nn.Module
+    inputs: int | None = None
+    generator: TextGenerator | None = None
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One built-in recipe (see the module docstring)."""
+
+    name: str
+    data_kind: data.DataKind
+    model_setup: Callable[[ray.data.Dataset, Mapping[str, Any]], ModelSetup]
+    loop: TrainLoop
+    export: Callable[[Path, ModelSetup, dict[str, torch.Tensor]], dict[str, Any]]  # -> manifest extras
+    load: Callable[[Path, dict[str, Any]], Servable]  # (model directory, its manifest)
+
+
+# --- what every loop shares ---------------------------------------------------------------------
+
+
+def loop_spec(config: Mapping[str, Any]) -> api.TrainingJobSpec:
+    """The TrainingJob spec a loop was handed (`config["rayship"]["spec"]`, wire form), typed. The
+    driver has validated it for where it runs; here the rules only a cluster needs are left out."""
+    return api.TrainingJobSpec.model_validate(config["rayship"]["spec"], context={"local": True})
 
 
 def checkpoint_name(epoch: int) -> str:
@@ -63,7 +130,7 @@ def report(strategy: Strategy, *, epoch: int, step: int, metrics: dict[str, floa
 
 def run_epochs(
     strategy: Strategy,
-    spec: dict[str, Any],
+    spec: api.TrainingJobSpec,
     *,
     start_epoch: int,
     step: int,
@@ -72,7 +139,7 @@ def run_epochs(
 ) -> None:
     """The epochs after `start_epoch`: a step per batch loss, then a report (mean loss over the
     epoch), with a checkpoint every `checkpoint.everyEpochs` epochs and after the last one."""
-    epochs, every = spec["trainer"]["epochs"], spec["checkpoint"]["everyEpochs"]
+    epochs, every = spec.trainer.epochs, spec.checkpoint.every_epochs
     for epoch in range(start_epoch + 1, epochs + 1):
         total, batches = 0.0, 0
         for loss in losses():
@@ -84,32 +151,64 @@ def run_epochs(
             on_epoch_end(epoch)
 
 
-def mlp_config(n_features: int, config: dict[str, Any]) -> dict[str, Any]:
+# --- mlp: tabular regression ---------------------------------------------------------------------
+
+MLP_WEIGHTS = "model.pt"  # the state_dict, loaded with torch.load(weights_only=True)
+
+
+class MLP(nn.Module):
+    """A plain multi-layer perceptron for tabular regression (out_features=1) or classification."""
+
+    def __init__(self, in_features: int, hidden: list[int], out_features: int = 1):
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = in_features
+        for size in hidden:
+            layers += [nn.Linear(width, size), nn.ReLU()]
+            width = size
+        layers.append(nn.Linear(width, out_features))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.net(x)
+        return out
+
+
+def mlp_config(n_features: int, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The MLP for `n_features` inputs: `trainer.config.hidden` layer sizes (default [64, 64])."""
     return {"in_features": n_features, "hidden": list(config.get("hidden", [64, 64])), "out_features": 1}
+
+
+def build_mlp(model_config: Mapping[str, Any]) -> MLP:
+    return MLP(model_config["in_features"], list(model_config["hidden"]), model_config.get("out_features", 1))
+
+
+def mlp_setup(dataset: ray.data.Dataset, config: Mapping[str, Any]) -> ModelSetup:
+    features = data.feature_columns(dataset, config)
+    return ModelSetup(mlp_config(len(features), config), {"features": features})
 
 
 def mlp_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None) -> None:
     """Tabular regression with an MLP (mean squared error)."""
     rayship = config["rayship"]
-    spec, features = rayship["spec"], rayship["features"]
-    trainer = spec["trainer"]
-    label = config.get("label", data.LABEL)
+    spec, features = loop_spec(config), rayship["features"]
+    batch_size = spec.trainer.batch_size_per_worker
+    label = data.label(config)
     device = ray.train.torch.get_device()
 
     # [1] prepare data: this worker's shard of the Ray Dataset
     shard = ray.train.get_dataset_shard("train")
 
     # [2] prepare the model: DDP or DeepSpeed, placed on this worker's device
-    torch.manual_seed(int(config.get("seed", 0)))
-    model = models.build_mlp(rayship["model_config"])
-    strategy = strategies.create(spec, model, trainer["batchSizePerWorker"])
+    torch.manual_seed(data.seed(config))
+    strategy = strategies.create(spec.trainer, build_mlp(rayship["model_config"]))
 
     # [3] resume from the latest checkpoint, if this run has one
     start_epoch, step = resume(strategy)
 
     # [4] train, and report every epoch (checkpointing every `everyEpochs` and at the end)
     def losses() -> Iterator[torch.Tensor]:
-        for batch in shard.iter_torch_batches(batch_size=trainer["batchSizePerWorker"], dtypes=torch.float32):
+        for batch in shard.iter_torch_batches(batch_size=batch_size, dtypes=torch.float32):
             x = torch.stack([batch[c] for c in features], dim=1).to(device, strategy.dtype)
             y = batch[label].to(device).unsqueeze(1)
             yield F.mse_loss(strategy.model(x).float(), y)
@@ -117,9 +216,23 @@ def mlp_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None) -> N
     run_epochs(strategy, spec, start_epoch=start_epoch, step=step, losses=losses, on_epoch_end=on_epoch_end)
 
 
-# causal-lm: a Hugging Face AutoModelForCausalLM. On a cluster, `config.model_path` names a local/PVC
-# directory (from_pretrained, its own tokenizer); otherwise `config.model_config` builds a model from
-# a config (from_config) with byte-level tokens: UTF-8 bytes, 256 = end of text, 257 = padding.
+def export_mlp(directory: Path, setup: ModelSetup, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+    torch.save({k: v.detach().cpu() for k, v in state.items()}, directory / MLP_WEIGHTS)
+    return dict(setup.extra)  # the feature columns, in the order the model takes them
+
+
+def load_mlp(directory: Path, manifest: dict[str, Any]) -> Servable:
+    model = build_mlp(manifest["config"])
+    model.load_state_dict(torch.load(directory / MLP_WEIGHTS, map_location="cpu", weights_only=True))
+    return Servable(model, inputs=int(manifest["config"]["in_features"]))
+
+
+# --- causal-lm: a Hugging Face AutoModelForCausalLM ----------------------------------------------
+# On a cluster, `config.model_path` names a local/PVC directory (from_pretrained, its own tokenizer);
+# otherwise `config.model_config` builds a model from a config (from_config) with byte-level tokens:
+# UTF-8 bytes, 256 = end of text, 257 = padding. Exported as a save_pretrained() directory (plus the
+# tokenizer for model_path), loaded with from_pretrained.
+
 BYTE_EOS, BYTE_PAD, BYTE_VOCAB = 256, 257, 260
 TINY_MODEL = {
     "model_type": "gpt2",
@@ -131,13 +244,17 @@ TINY_MODEL = {
 }
 
 
-def causal_lm_config(config: dict[str, Any]) -> dict[str, Any]:
+def causal_lm_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if config.get("model_path"):
         return {"model_path": str(config["model_path"])}
     return {"model_config": {**TINY_MODEL, **(config.get("model_config") or {})}}
 
 
-def build_causal_lm(model_config: dict[str, Any]) -> Any:
+def causal_lm_setup(dataset: ray.data.Dataset, config: Mapping[str, Any]) -> ModelSetup:
+    return ModelSetup(causal_lm_config(config))
+
+
+def build_causal_lm(model_config: Mapping[str, Any]) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if "model_path" in model_config:
@@ -149,9 +266,9 @@ def build_causal_lm(model_config: dict[str, Any]) -> Any:
 class Tokens:
     """Batches of text -> (input_ids, attention_mask, labels): bytes, or the model's own tokenizer."""
 
-    def __init__(self, model_config: dict[str, Any], max_length: int):
+    def __init__(self, model_config: Mapping[str, Any], max_length: int):
         self.max_length = max_length
-        self.tokenizer = None
+        self.tokenizer: Any = None
         if "model_path" in model_config:
             from transformers import AutoTokenizer
 
@@ -179,8 +296,8 @@ class Tokens:
 def causal_lm_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None) -> None:
     """Next-token prediction on a `text` column."""
     rayship = config["rayship"]
-    spec = rayship["spec"]
-    trainer = spec["trainer"]
+    spec = loop_spec(config)
+    batch_size = spec.trainer.batch_size_per_worker
     device = ray.train.torch.get_device()
     tokens = Tokens(rayship["model_config"], int(config.get("max_length", 64)))
 
@@ -188,41 +305,164 @@ def causal_lm_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None
     shard = ray.train.get_dataset_shard("train")
 
     # [2] prepare the model: DDP or DeepSpeed
-    torch.manual_seed(int(config.get("seed", 0)))
-    strategy = strategies.create(
-        spec, build_causal_lm(rayship["model_config"]), trainer["batchSizePerWorker"]
-    )
+    torch.manual_seed(data.seed(config))
+    strategy = strategies.create(spec.trainer, build_causal_lm(rayship["model_config"]))
 
     # [3] resume from the latest checkpoint, if this run has one
     start_epoch, step = resume(strategy)
 
     # [4] train, and report every epoch
     def losses() -> Iterator[torch.Tensor]:
-        for batch in shard.iter_batches(batch_size=trainer["batchSizePerWorker"], batch_format="numpy"):
+        for batch in shard.iter_batches(batch_size=batch_size, batch_format="numpy"):
             inputs = {k: v.to(device) for k, v in tokens([str(t) for t in batch[data.TEXT]]).items()}
             yield strategy.model(**inputs).loss
 
     run_epochs(strategy, spec, start_epoch=start_epoch, step=step, losses=losses, on_epoch_end=on_epoch_end)
 
 
-RECIPES: dict[str, Callable[[dict[str, Any]], None]] = {"mlp": mlp_loop, "causal-lm": causal_lm_loop}
-DATA_KIND = {"mlp": "tabular", "causal-lm": "text"}
+def export_causal_lm(directory: Path, setup: ModelSetup, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """A Hugging Face save_pretrained() directory (and the tokenizer, for `model_path`)."""
+    model = build_causal_lm(setup.config)
+    loaded = model.load_state_dict(state, strict=False)  # tied weights (lm_head = embeddings) are stored once
+    missing = [k for k in loaded.missing_keys if not k.startswith("lm_head.")]
+    if missing or loaded.unexpected_keys:
+        raise ValueError(
+            f"checkpoint does not match the model: missing {missing}, unexpected {loaded.unexpected_keys}"
+        )
+    model.save_pretrained(str(directory))
+    if "model_path" not in setup.config:
+        return {"tokenizer": "bytes"}
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(setup.config["model_path"], local_files_only=True).save_pretrained(
+        str(directory)
+    )
+    return {"tokenizer": "pretrained"}
 
 
-def resolve(trainer: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+class ByteTokenizer:
+    """`"tokenizer": "bytes"`: UTF-8 bytes are the token ids; ids >= 256 are special and decode to nothing."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+class PretrainedTokenizer:
+    """`"tokenizer": "pretrained"`: the Hugging Face tokenizer saved in the model directory."""
+
+    def __init__(self, directory: Path) -> None:
+        from transformers import AutoTokenizer
+
+        self._tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text))
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._tokenizer.decode(ids, skip_special_tokens=True))
+
+
+class CausalLMGenerator:
+    """Greedy decoding with a Hugging Face causal LM and its tokenizer (on the model's device)."""
+
+    def __init__(self, model: Any, tokenizer: ByteTokenizer | PretrainedTokenizer) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def greedy(self, ids: list[int], max_new_tokens: int) -> list[int]:
+        """The ids greedy decoding appends to `ids`."""
+        input_ids = torch.tensor([ids], device=next(self.model.parameters()).device)
+        config = self.model.config
+        pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
+        with torch.no_grad():
+            output = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad,
+            )
+        return list(output[0, len(ids) :].tolist())
+
+
+def load_causal_lm(directory: Path, manifest: dict[str, Any]) -> Servable:
+    from transformers import AutoModelForCausalLM
+
+    kind = manifest.get("tokenizer", "pretrained")
+    tokenizer: ByteTokenizer | PretrainedTokenizer
+    if kind == "bytes":
+        tokenizer = ByteTokenizer()
+    elif kind == "pretrained":
+        tokenizer = PretrainedTokenizer(directory)
+    else:
+        raise ValueError(
+            f"{directory}: unknown tokenizer {kind!r} in the manifest; expected 'bytes' or 'pretrained'"
+        )
+    model = AutoModelForCausalLM.from_pretrained(str(directory), local_files_only=True)
+    return Servable(model, generator=CausalLMGenerator(model, tokenizer))
+
+
+# --- the registry ----------------------------------------------------------------------------------
+
+RECIPES: dict[str, Recipe] = {
+    recipe.name: recipe
+    for recipe in (
+        Recipe("mlp", "tabular", mlp_setup, mlp_loop, export_mlp, load_mlp),
+        Recipe("causal-lm", "text", causal_lm_setup, causal_lm_loop, export_causal_lm, load_causal_lm),
+    )
+}
+
+# Own loops (`trainer.entrypoint`) get this recipe's data and model setup: tabular rows, and the
+# `features` and MLP `model_config` in config["rayship"].
+OWN_LOOP_DATA = "mlp"
+
+
+def get(name: str) -> Recipe:
+    try:
+        return RECIPES[name]
+    except KeyError:
+        raise ValueError(f"unknown recipe {name!r}; known: {', '.join(RECIPES)}") from None
+
+
+def names(data_kind: data.DataKind) -> list[str]:
+    """The recipes that train on `data_kind` data."""
+    return [name for name, recipe in RECIPES.items() if recipe.data_kind == data_kind]
+
+
+def for_trainer(trainer: api.TrainerSpec) -> Recipe | None:
+    """`trainer.recipe`'s record; None for an own loop (`trainer.entrypoint`)."""
+    return get(trainer.recipe) if trainer.recipe is not None else None
+
+
+def data_recipe(trainer: api.TrainerSpec) -> Recipe:
+    """The recipe whose data and model setup a run uses: its own, or `OWN_LOOP_DATA` for own loops."""
+    return for_trainer(trainer) or RECIPES[OWN_LOOP_DATA]
+
+
+def train_loop(trainer: api.TrainerSpec) -> TrainLoop:
     """The train loop for `trainer.recipe`, or the user's `trainer.entrypoint` (module:function)."""
-    if trainer.get("recipe"):
-        return RECIPES[trainer["recipe"]]
-    module_name, _, attr = trainer["entrypoint"].partition(":")
+    recipe = for_trainer(trainer)
+    if recipe is not None:
+        return recipe.loop
+    if trainer.entrypoint is None:  # the API requires exactly one of recipe and entrypoint
+        raise ValueError("trainer: set recipe or entrypoint")
+    module_name, _, attr = trainer.entrypoint.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
         raise ValueError(
-            f"trainer.entrypoint {trainer['entrypoint']!r}: cannot import {module_name!r}: {err}"
+            f"trainer.entrypoint {trainer.entrypoint!r}: cannot import {module_name!r}: {err}"
         ) from None
     loop = getattr(module, attr, None)
     if not callable(loop):
-        raise ValueError(
-            f"trainer.entrypoint {trainer['entrypoint']!r}: {module_name} has no function {attr!r}"
-        )
-    return loop
+        raise ValueError(f"trainer.entrypoint {trainer.entrypoint!r}: {module_name} has no function {attr!r}")
+    return cast(TrainLoop, loop)  # a user's function: called with the loop config, as Ray Train does

@@ -11,14 +11,15 @@ KubeRay's RayService deploys it with Ray's application-builder pattern, e.g. in 
 HTTP contract (paths relative to the application's route prefix; every body is JSON):
 
     POST /predict   {"instances": [[f1, ..., fn], ...]}      -> {"predictions": [[y1, ...], ...]}
-                    (mlp models; requests are batched across clients into one forward pass)
+                    (tabular models, e.g. mlp; requests are batched across clients into one forward pass)
     POST /generate  {"prompt": "...", "max_new_tokens": 16}  -> {"text": "..."}
-                    (causal-lm models; greedy decoding, the completion only)
+                    (text models, e.g. causal-lm; greedy decoding, the completion only)
     GET  /healthz                                            -> {"status": "ok", "recipe": ..., "model_uri": ...}
     GET  /stats     diagnostics: {"batch_sizes": [...]}, the number of requests in each of the replica's
                     last STATS_WINDOW batches (per replica: with several replicas, one replica answers)
 
-A malformed request is answered with HTTP 400 and {"error": "<what is wrong>"}.
+A malformed request is answered with HTTP 400 and {"error": "<what is wrong>"}. What a model serves
+comes from its recipe (`recipes.Recipe.load`): `/predict` rows of numbers, or `/generate` text.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route methods' annotations (`request: Request`)
@@ -27,8 +28,7 @@ import asyncio
 import collections
 import json
 import math
-from pathlib import Path
-from typing import Any, Protocol, Self
+from typing import Any, Protocol, Self, cast
 
 import torch
 from fastapi import FastAPI, Request
@@ -37,13 +37,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 from ray import serve
 from ray.serve import Application
+from ray.serve.deployment import Deployment
 
-from rayship_workloads import models, storage
+from rayship_workloads import models, recipes
 
 APP_NAME = "rayship"
+DEPLOYMENT_NAME = "RayshipModel"
 STATS_WINDOW = 1024  # batch sizes kept per replica for GET /stats
 MAX_NEW_TOKENS = 1024
-CAUSAL_LM = "causal-lm"
 
 
 class ServeArgs(BaseModel):
@@ -103,46 +104,12 @@ class BadRequest(Exception):
     """A malformed request: answered with HTTP 400 and {"error": message}."""
 
 
-class _Tokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
+class _BatchSettings(Protocol):
+    """The setters `@serve.batch` adds to the method it wraps (Ray documents them; its type hints do not
+    declare them)."""
 
-    def decode(self, ids: list[int]) -> str: ...
-
-
-class _ByteTokenizer:
-    """`"tokenizer": "bytes"`: UTF-8 bytes are the token ids; ids >= 256 are special and decode to nothing."""
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids: list[int]) -> str:
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
-
-
-class _PretrainedTokenizer:
-    """`"tokenizer": "pretrained"`: the Hugging Face tokenizer saved in the model directory."""
-
-    def __init__(self, directory: Path) -> None:
-        from transformers import AutoTokenizer
-
-        self._tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-
-    def encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text))
-
-    def decode(self, ids: list[int]) -> str:
-        return str(self._tokenizer.decode(ids, skip_special_tokens=True))
-
-
-def _tokenizer(directory: Path, manifest: dict[str, Any]) -> _Tokenizer:
-    kind = manifest.get("tokenizer", "pretrained")
-    if kind == "bytes":
-        return _ByteTokenizer()
-    if kind == "pretrained":
-        return _PretrainedTokenizer(directory)
-    raise ValueError(
-        f"{directory}: unknown tokenizer {kind!r} in the manifest; expected 'bytes' or 'pretrained'"
-    )
+    def set_max_batch_size(self, new_max_batch_size: int) -> None: ...
+    def set_batch_wait_timeout_s(self, new_batch_wait_timeout_s: float) -> None: ...
 
 
 async def _json_object(request: Request) -> dict[str, Any]:
@@ -215,7 +182,6 @@ async def _bad_request(request: Request, exc: BadRequest) -> JSONResponse:
     return JSONResponse({"error": str(exc)}, status_code=400)
 
 
-@serve.deployment(name="RayshipModel")
 @serve.ingress(api)
 class ModelServer:
     """One replica: the model loaded once, /predict requests batched into one forward pass."""
@@ -224,15 +190,15 @@ class ModelServer:
         self.args = args
         use_cuda = args.num_gpus > 0 and torch.cuda.is_available()
         self.device = torch.device("cuda" if use_cuda else "cpu")
-        directory = storage.fetch_dir(args.model_uri)  # once: load_model and the tokenizer share it
-        model, self.manifest = models.load_model(str(directory))
-        self.model = model.to(self.device)
-        self.recipe: str = self.manifest["recipe"]
-        self.tokenizer = _tokenizer(directory, self.manifest) if self.recipe == CAUSAL_LM else None
+        servable, manifest = models.load(args.model_uri)
+        self.model = servable.model.to(self.device)
+        self.inputs, self.generator = servable.inputs, servable.generator
+        self.recipe: str = manifest["recipe"]
         self.dtype = next(self.model.parameters()).dtype
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=STATS_WINDOW)
-        self._forward.set_max_batch_size(args.max_batch_size)
-        self._forward.set_batch_wait_timeout_s(args.batch_wait_timeout_s)
+        batching = cast(_BatchSettings, self._forward)
+        batching.set_max_batch_size(args.max_batch_size)
+        batching.set_batch_wait_timeout_s(args.batch_wait_timeout_s)
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)  # set from ServeArgs in __init__
     async def _forward(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -244,11 +210,11 @@ class ModelServer:
 
     @api.post("/predict")
     async def predict(self, request: Request) -> dict[str, list[list[float]]]:
-        if self.recipe == CAUSAL_LM:
+        if self.inputs is None:
             raise BadRequest(
                 f"/predict needs a tabular model; this model's recipe is {self.recipe!r}: use /generate"
             )
-        rows = parse_instances(await _json_object(request), self.manifest["config"]["in_features"])
+        rows = parse_instances(await _json_object(request), self.inputs)
         inputs = torch.tensor(rows, dtype=self.dtype)
         if not torch.isfinite(inputs).all():
             raise BadRequest(f"instances hold values out of range for {self.dtype}")
@@ -259,36 +225,23 @@ class ModelServer:
 
     @api.post("/generate")
     async def generate(self, request: Request) -> dict[str, str]:
-        if self.tokenizer is None:
+        generator = self.generator
+        if generator is None:
+            text_recipes = ", ".join(recipes.names("text"))
             raise BadRequest(
-                f"/generate needs a {CAUSAL_LM} model; this model's recipe is {self.recipe!r}: use /predict"
+                f"/generate needs a text model ({text_recipes}); this model's recipe is {self.recipe!r}: use /predict"
             )
         prompt, max_new_tokens = parse_generate(await _json_object(request))
-        ids = self.tokenizer.encode(prompt)
+        ids = generator.encode(prompt)
         if not ids:
             raise BadRequest('"prompt" encodes to no tokens')
-        limit = getattr(self.model.config, "max_position_embeddings", None)
+        limit = generator.max_positions
         if limit is not None and len(ids) + max_new_tokens > limit:
             raise BadRequest(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's {limit} positions"
             )
-        new_ids = await asyncio.to_thread(self._greedy, ids, max_new_tokens)  # keeps the event loop free
-        return {"text": self.tokenizer.decode(new_ids)}
-
-    def _greedy(self, ids: list[int], max_new_tokens: int) -> list[int]:
-        """The ids greedy decoding appends to `ids`."""
-        input_ids = torch.tensor([ids], device=self.device)
-        config = self.model.config
-        pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
-        with torch.no_grad():
-            output = self.model.generate(
-                input_ids=input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=pad,
-            )
-        return list(output[0, len(ids) :].tolist())
+        new_ids = await asyncio.to_thread(generator.greedy, ids, max_new_tokens)  # keeps the event loop free
+        return {"text": generator.decode(new_ids)}
 
     @api.get("/healthz")
     async def healthz(self) -> dict[str, str]:
@@ -300,6 +253,11 @@ class ModelServer:
         return {"batch_sizes": list(self.batch_sizes)}
 
 
+# The Serve deployment of ModelServer (what `app_builder` binds; its name is the one KubeRay's
+# serveConfigV2 lists under `deployments`).
+model_deployment: Deployment = serve.deployment(name=DEPLOYMENT_NAME)(ModelServer)
+
+
 def app_builder(args: dict[str, Any] | ServeArgs) -> Application:
     """Ray Serve application builder (`import_path: rayship_workloads.serve:app_builder`).
 
@@ -307,7 +265,7 @@ def app_builder(args: dict[str, Any] | ServeArgs) -> Application:
     invalid args raise `pydantic.ValidationError`. Replica resources, autoscaling and per-replica
     concurrency come from the args."""
     config = args if isinstance(args, ServeArgs) else ServeArgs.model_validate(args)
-    deployment = ModelServer.options(
+    deployment = model_deployment.options(
         autoscaling_config={
             "min_replicas": config.min_replicas,
             "max_replicas": config.max_replicas,

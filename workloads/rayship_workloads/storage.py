@@ -16,7 +16,8 @@ def is_remote(uri: str) -> bool:
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     """(filesystem, path inside it) for a local path or a URI."""
     if is_remote(uri):
-        return pafs.FileSystem.from_uri(uri)
+        fs, path = pafs.FileSystem.from_uri(uri)
+        return fs, str(path)
     return pafs.LocalFileSystem(), os.path.abspath(uri.removeprefix("file://"))
 
 
@@ -39,7 +40,7 @@ def fetch_dir(uri: str) -> Path:
         if not path.is_dir():
             raise FileNotFoundError(f"{uri}: no such directory")
         return path
-    fs, path = filesystem(uri)
+    fs, remote_path = filesystem(uri)
     target = Path(tempfile.mkdtemp(prefix="rayship-model-"))
-    pafs.copy_files(path, str(target), source_filesystem=fs)
+    pafs.copy_files(remote_path, str(target), source_filesystem=fs)
     return target

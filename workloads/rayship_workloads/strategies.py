@@ -13,6 +13,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from rayship import api
+
 DDP_STATE = "state.pt"
 DS_TAG = "ds"
 
@@ -27,27 +29,30 @@ class Strategy(Protocol):
     def load(self, directory: Path) -> None: ...
 
 
-def deepspeed_config(spec: dict[str, Any], micro_batch: int, use_gpu: bool) -> dict[str, Any]:
-    """The DeepSpeed config for `trainer.deepspeed`: ZeRO stage, CPU offload, precision."""
-    ds = spec["trainer"].get("deepspeed") or {}
-    precision = ds.get("precision", "bf16")
-    zero: dict[str, Any] = {"stage": ds.get("zeroStage", 2)}
-    if ds.get("offloadOptimizer"):
+def deepspeed_config(trainer: api.TrainerSpec, use_gpu: bool) -> dict[str, Any]:
+    """The DeepSpeed config for `trainer.deepspeed` (the API's defaults when it is not set): ZeRO
+    stage, CPU offload, precision; micro batch `trainer.batchSizePerWorker`."""
+    ds = trainer.deepspeed or api.DeepSpeedSpec()
+    zero: dict[str, Any] = {"stage": ds.zero_stage}
+    if ds.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": use_gpu}
-    if ds.get("offloadParams"):
+    if ds.offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": use_gpu}
     return {
-        "train_micro_batch_size_per_gpu": micro_batch,
+        "train_micro_batch_size_per_gpu": trainer.batch_size_per_worker,
         "gradient_accumulation_steps": 1,
         # torch's AdamW: DeepSpeed's fused/CPU Adam would JIT-compile C++ ops on first use
-        "optimizer": {"type": "AdamW", "params": {"lr": spec["trainer"]["learningRate"], "torch_adam": True}},
+        "optimizer": {"type": "AdamW", "params": {"lr": trainer.learning_rate, "torch_adam": True}},
         "zero_force_ds_cpu_optimizer": False,
         "zero_optimization": zero,
-        "bf16": {"enabled": precision == "bf16"},
-        "fp16": {"enabled": precision == "fp16"},
+        "bf16": {"enabled": ds.precision == "bf16"},
+        "fp16": {"enabled": ds.precision == "fp16"},
         "steps_per_print": 1_000_000_000,
         "wall_clock_breakdown": False,
     }
+
+
+PRECISION = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class DDPStrategy:
@@ -87,17 +92,14 @@ class DDPStrategy:
 class DeepSpeedStrategy:
     name = "deepspeed"
 
-    def __init__(self, model: nn.Module, spec: dict[str, Any], micro_batch: int):
+    def __init__(self, model: nn.Module, trainer: api.TrainerSpec):
         import deepspeed
 
-        config = deepspeed_config(spec, micro_batch, use_gpu=torch.cuda.is_available())
+        config = deepspeed_config(trainer, use_gpu=torch.cuda.is_available())
         self.model, self.optimizer, _, _ = deepspeed.initialize(
             model=model, model_parameters=model.parameters(), config=config
         )
-        precision = (
-            config["bf16"]["enabled"] and torch.bfloat16 or config["fp16"]["enabled"] and torch.float16
-        )
-        self.dtype = precision or torch.float32
+        self.dtype = PRECISION[(trainer.deepspeed or api.DeepSpeedSpec()).precision]
 
     def step(self, loss: torch.Tensor) -> None:
         self.model.backward(loss)
@@ -112,10 +114,11 @@ class DeepSpeedStrategy:
             raise FileNotFoundError(f"{directory}: no DeepSpeed checkpoint with tag {DS_TAG!r}")
 
 
-def create(spec: dict[str, Any], model: nn.Module, micro_batch: int) -> Strategy:
-    if spec["trainer"].get("strategy", "ddp") == "deepspeed":
-        return DeepSpeedStrategy(model, spec, micro_batch)
-    return DDPStrategy(model, spec["trainer"]["learningRate"])
+def create(trainer: api.TrainerSpec, model: nn.Module) -> Strategy:
+    """`trainer.strategy` around `model`."""
+    if trainer.strategy == "deepspeed":
+        return DeepSpeedStrategy(model, trainer)
+    return DDPStrategy(model, trainer.learning_rate)
 
 
 def full_state_dict(checkpoint_dir: Path, strategy: str) -> dict[str, torch.Tensor]:
@@ -123,5 +126,11 @@ def full_state_dict(checkpoint_dir: Path, strategy: str) -> dict[str, torch.Tens
     if strategy == "deepspeed":
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag=DS_TAG)
-    return torch.load(checkpoint_dir / DDP_STATE, map_location="cpu", weights_only=True)["model"]
+        state: dict[str, torch.Tensor] = get_fp32_state_dict_from_zero_checkpoint(
+            str(checkpoint_dir), tag=DS_TAG
+        )
+        return state
+    saved: dict[str, dict[str, torch.Tensor]] = torch.load(
+        checkpoint_dir / DDP_STATE, map_location="cpu", weights_only=True
+    )
+    return saved["model"]

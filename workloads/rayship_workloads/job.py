@@ -1,0 +1,170 @@
+"""The driver of a TrainingJob: `python -m rayship_workloads.job --spec <json|file>`.
+
+The RayJob's entrypoint in the cluster, and what `rayship run` calls on a laptop (`local.run`): both
+go through `run`, which trains (`train`) or, with `spec.tuning`, tunes (`tune`), and reports through
+a `Reporter`: `ClusterReporter` here (the terminal and the TrainingJob's status), `local.LocalReporter`
+in local mode (the terminal, metrics.json, loss.png, result.json).
+
+In the cluster, checkpoints and models go to `spec.checkpoint.storage` (the PVC's mount path or the
+object-store URI); local mode picks its own directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ray.train.v2.api.callback import UserCallback
+
+from rayship import api, names, yamlio
+from rayship.validation import SpecError, parse_trainingjob
+from rayship_workloads import data, progress, train, tune
+
+
+class JobError(ValueError):
+    """The TrainingJob cannot run here: the message starts with the field to fix."""
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What a run leaves, in the TrainingJob status' terms."""
+
+    checkpoint: api.CheckpointStatus  # latest/best checkpoint, exported model(s)
+    metrics: dict[str, Any] = field(default_factory=dict)  # the last report (the best trial's, tuning)
+    tuning: api.TuningStatus | None = None
+    trials: tuple[tune.Trial, ...] = ()
+    tune_results: str | None = None  # where Tune keeps each trial's results
+
+    def status(self) -> dict[str, Any]:
+        """The TrainingJob `status` fields it sets (wire form)."""
+        status: dict[str, Any] = {"checkpoint": self.checkpoint.wire()}
+        if self.tuning is not None:
+            status["tuning"] = self.tuning.wire()
+        return status
+
+
+class Reporter(Protocol):
+    """Where a run's progress and result go."""
+
+    quiet: bool  # Ray Train's own logging at WARNING
+
+    def progress(self, *, epochs: int, storage_root: str) -> UserCallback:
+        """The callback that reports each epoch of a training run (not called for tuning trials)."""
+        ...
+
+    def finished(self, tj: api.TrainingJob, result: JobResult) -> None: ...
+
+
+class ClusterReporter:
+    """Inside the RayJob: `[rayship]` lines in the job log, and the TrainingJob's status
+    (`progress` while training, then `checkpoint` and `tuning`) when `trainingjob` (`namespace/name`,
+    from the environment variable `names.ENV_TRAININGJOB`, which the operator sets) is given."""
+
+    quiet = False
+
+    def __init__(self, trainingjob: str | None) -> None:
+        self.trainingjob = trainingjob
+
+    def progress(self, *, epochs: int, storage_root: str) -> UserCallback:
+        return progress.ProgressCallback(
+            epochs=epochs, storage_root=storage_root, trainingjob=self.trainingjob, echo=True
+        )
+
+    def finished(self, tj: api.TrainingJob, result: JobResult) -> None:
+        summary = result.checkpoint.model_dump(mode="json", by_alias=True)
+        if result.tuning is not None:
+            summary["tuning"] = result.tuning.wire()
+        print(f"[rayship] done: {json.dumps(summary)}", flush=True)
+        if self.trainingjob:
+            progress.TrainingJobStatus(self.trainingjob).patch(result.status())
+
+
+def load_trainingjob(value: str) -> api.TrainingJob:
+    """A TrainingJob from a JSON string (the RayJob entrypoint) or a YAML/JSON file, validated."""
+    doc = json.loads(value) if value.lstrip().startswith("{") else yamlio.load(Path(value).read_text())
+    return parse_trainingjob(doc)
+
+
+def cluster_storage_root(spec: api.TrainingJobSpec) -> str:
+    """Where checkpoints and models go in the cluster: the PVC's mount path or the object-store URI."""
+    store = spec.checkpoint.storage
+    if store is None:
+        raise JobError(
+            "spec.checkpoint.storage: required to run in a cluster (a pvc or an object-store uri "
+            "for the checkpoints and the model); only `rayship run` works without it"
+        )
+    if store.pvc is not None:
+        return store.pvc.mount_path
+    if store.uri is None:  # the API requires exactly one of pvc and uri
+        raise JobError("spec.checkpoint.storage: set pvc or uri")
+    return store.uri
+
+
+def run(tj: api.TrainingJob, *, storage_root: str, reporter: Reporter) -> JobResult:
+    """Train `tj` (or tune it, with `spec.tuning`) with checkpoints and models under `storage_root`;
+    report progress and the result through `reporter`."""
+    tuning = tj.spec.tuning
+    if tuning is None:
+        outcome = train.train(
+            tj,
+            storage_root=storage_root,
+            callbacks=[reporter.progress(epochs=tj.spec.trainer.epochs, storage_root=storage_root)],
+            quiet=reporter.quiet,
+        )
+        checkpoint = {
+            "latest": outcome.latest,
+            "best": outcome.best,
+            "model": outcome.model_uri,
+            "bestModel": outcome.best_model_uri,
+        }
+        result = JobResult(api.CheckpointStatus.model_validate(checkpoint), metrics=outcome.metrics)
+    else:
+        found = tune.search(tj, storage_root=storage_root)
+        checkpoint = {"best": found.best_checkpoint, "model": found.model_uri, "bestModel": found.model_uri}
+        result = JobResult(
+            api.CheckpointStatus.model_validate(checkpoint),
+            metrics=found.metrics,
+            tuning=api.TuningStatus.model_validate(
+                {
+                    "trials": len(found.trials),
+                    "bestTrial": found.best_trial,
+                    "bestMetric": found.best_metric,
+                    "bestConfig": found.best_config,
+                }
+            ),
+            trials=found.trials,
+            tune_results=found.results,
+        )
+    reporter.finished(tj, result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m rayship_workloads.job",
+        description="Run a TrainingJob on the Ray cluster this process is a job of: train, or tune with "
+        "spec.tuning; checkpoints and models go to spec.checkpoint.storage.",
+    )
+    parser.add_argument("--spec", required=True, help="TrainingJob as JSON, or a YAML/JSON file")
+    args = parser.parse_args(argv)
+    try:
+        tj = load_trainingjob(args.spec)
+    except (SpecError, OSError, ValueError) as err:
+        print(f"error: invalid TrainingJob: {err}", file=sys.stderr)
+        return 1
+    try:
+        storage_root = cluster_storage_root(tj.spec)
+        run(tj, storage_root=storage_root, reporter=ClusterReporter(os.environ.get(names.ENV_TRAININGJOB)))
+    except (JobError, data.DataError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
