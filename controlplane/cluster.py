@@ -41,7 +41,8 @@ Nothing here resolves a name: every address is a literal IP (the machine's resol
 loopback), and proxy variables are removed from every component's environment.
 
 CLI:  python controlplane/cluster.py up [--no-operator] | down | status | operator start|stop
-API:  up() -> Cluster, down(), status(), start_operator() -> OperatorHandle, stop_operator()
+API:  up() -> Cluster, down(), status(), start_operator() -> OperatorHandle, stop_operator(),
+      service_account_kubeconfig(namespace, name) -> Path
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -838,6 +840,19 @@ def _token_kubeconfig(paths: Paths, who: str, server: str, token: str) -> Path:
     return path
 
 
+def service_account_kubeconfig(namespace: str, name: str, paths: Paths | None = None) -> Path:
+    """A kubeconfig holding a fresh TokenRequest token of ServiceAccount namespace/name (48 h).
+
+    For a test that runs a controller in-process, or kubectl, as that ServiceAccount: its RBAC
+    then decides every request, as in a pod. Written to .cluster/run/sa-<namespace>-<name>.kubeconfig.
+    """
+    paths = paths or Paths()
+    state = _load_state(paths)
+    token = _service_account_token(_api(paths.kubeconfig), namespace, name)
+    server = f"https://127.0.0.1:{state.ports['apiserver']}"
+    return _token_kubeconfig(paths, f"sa-{namespace}-{name}", server, token)
+
+
 def _apply_kuberay_crds(kubeconfig: Path) -> None:
     if not (KUBERAY_CRDS / "ray.io_rayclusters.yaml").is_file():
         raise RuntimeError(f"KubeRay CRDs not found in {KUBERAY_CRDS} (set RAYSHIP_KUBERAY_CRDS)")
@@ -1116,15 +1131,20 @@ def _start(paths: Paths) -> State:
             "kube-apiserver /readyz", lambda: _https_get(f"{server}/readyz", paths)[0] == 200, 90, apiserver
         )
         lap("kube-apiserver")
+        # The KubeRay CRDs (3 MB) are the apiserver's biggest job here: start them first, meanwhile
+        # bring up the rest.
+        crds = _Background(_apply_kuberay_crds, paths.kubeconfig)
         kcm = spawn(_start_controller_manager(paths, state, bins, server))
         sched = spawn(_start_scheduler(paths, state, bins, server))
         client = _api(paths.kubeconfig)
         _kubectl_apply(paths, _bootstrap_objects())
+        lap("RBAC, StorageClass, namespaces")
         kwok = spawn(_start_kwok(paths, bins, server))
         spawn(_start_provisioner(paths, server))
         _create_nodes(client)
-        _apply_kuberay_crds(paths.kubeconfig)
-        lap("objects + CRDs")
+        lap("nodes")
+        crds.join()
+        lap("KubeRay CRDs established")
         kuberay = spawn(_start_kuberay(paths, state, bins, client, server))
         for name, proc, port in (
             ("kube-controller-manager", kcm, "kube-controller-manager"),
@@ -1150,6 +1170,26 @@ def _start(paths: Paths) -> State:
         raise
     log("timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
     return state
+
+
+class _Background(threading.Thread):
+    """Run fn(*args) in a thread; join() re-raises its exception."""
+
+    def __init__(self, fn: Any, *args: Any) -> None:
+        super().__init__(daemon=True)
+        self.fn, self.args, self.error = fn, args, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.fn(*self.args)
+        except BaseException as err:  # noqa: BLE001  (handed to join())
+            self.error = err
+
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
 
 
 def _nodes_ready(client: Any) -> bool:

@@ -106,6 +106,19 @@ def test_unauthenticated_request_is_refused(cluster):
 def test_service_account_without_rbac_is_forbidden(cluster, core, namespace):
     token = service_account_token(core, namespace, "nobody")
     assert get(f"{cluster.server}/api/v1/namespaces/{namespace}/pods", cluster.ca_file, token) == 403
+    kubeconfig = controlplane.service_account_kubeconfig(namespace, "nobody")
+    kubectl = [
+        str(controlplane.VENV_BIN / "kubectl"),
+        "--kubeconfig",
+        str(kubeconfig),
+        "get",
+        "pods",
+        "-n",
+        namespace,
+    ]
+    refused = subprocess.run(kubectl, capture_output=True, text=True)
+    assert refused.returncode != 0
+    assert f'User "system:serviceaccount:{namespace}:nobody" cannot list resource "pods"' in refused.stderr
 
 
 def test_rayjob_gets_a_raycluster_whose_head_runs_on_the_cpu_node(cluster, core, custom, namespace):
