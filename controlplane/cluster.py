@@ -532,12 +532,15 @@ def _ensure_netns() -> None:
         raise RuntimeError(f"pod address {probe} does not route into {NETNS}: {route}")
 
 
-def _remove_netns() -> None:
+def _remove_netns() -> bool:
+    """Remove NETNS (its veth pair and the host routes through it go with it). True if it existed."""
     for cidr in (POD_CIDR, SERVICE_CIDR):
         _run(["ip", "route", "del", cidr, "dev", VETH_HOST], check=False)
     _run(["ip", "link", "del", VETH_HOST], check=False)
-    if _netns_exists():
-        _run(["ip", "netns", "del", NETNS])
+    if not _netns_exists():
+        return False
+    _run(["ip", "netns", "del", NETNS])
+    return True
 
 
 # --- processes --------------------------------------------------------------------------------------
@@ -1214,7 +1217,8 @@ def _down(paths: Paths) -> list[str]:
         if proc.alive():
             stopped.append(f"{name} (pgid {proc.pid})")
         _stop(proc)
-    _remove_netns()
+    if _remove_netns():
+        stopped.append(f"netns {NETNS} with its routes")
     for path in (paths.etcd, paths.volumes, paths.run):
         shutil.rmtree(path, ignore_errors=True)
     for path in (paths.state, paths.kubeconfig):
@@ -1229,16 +1233,11 @@ def down(paths: Paths | None = None) -> None:
     """
     paths = paths or Paths()
     if not paths.base.exists():
-        _remove_netns()
-        log("nothing to stop")
+        log(f"removed a leftover netns {NETNS}" if _remove_netns() else "nothing to stop")
         return
     with _locked(paths):
         stopped = _down(paths)
-    log(
-        "stopped "
-        + (", ".join(stopped) if stopped else "nothing (no process was running)")
-        + f"; removed netns {NETNS}"
-    )
+    log(("stopped and removed " + ", ".join(stopped)) if stopped else "nothing to stop")
 
 
 def status(paths: Paths | None = None) -> dict[str, Any]:
