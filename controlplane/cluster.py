@@ -239,12 +239,12 @@ class OperatorHandle:
     log_path: Path
     liveness_url: str
     metrics_port: int
-    kubeconfig: Path
+    kubeconfig: Path  # the chart ServiceAccount's token
     argv: list[str]
+    start_ticks: int = 0
 
     def alive(self) -> bool:
-        proc = _load_state().procs.get("rayship-operator")
-        return proc is not None and proc.pid == self.pid and proc.alive()
+        return _start_ticks(self.pid) == self.start_ticks
 
 
 @dataclass
@@ -931,12 +931,15 @@ def _operator_deployment(client: Any) -> Any:
     return items[0]
 
 
-def start_operator(extra_env: dict[str, str] | None = None, paths: Paths | None = None) -> OperatorHandle:
+def start_operator(
+    extra_env: dict[str, str] | None = None, extra_args: list[str] | None = None, paths: Paths | None = None
+) -> OperatorHandle:
     """Run the real rayship operator on the host, exactly as the chart's Deployment would run it.
 
-    Its args and env come from the Deployment in the cluster; it authenticates as the Deployment's
-    ServiceAccount (a TokenRequest token), so the chart's RBAC authorises every request. The liveness
-    and metrics ports move to free loopback ports. If one is already running, returns its handle.
+    Its args and env come from the Deployment in the cluster (plus extra_args / extra_env); it
+    authenticates as the Deployment's ServiceAccount (a TokenRequest token), so the chart's RBAC
+    authorises every request. The liveness and metrics ports move to free loopback ports. If one
+    is already running, returns its handle (stop it first to change its args or env).
     """
     paths = paths or Paths()
     with _locked(paths):
@@ -958,6 +961,7 @@ def start_operator(extra_env: dict[str, str] | None = None, paths: Paths | None 
             args[args.index("--liveness") + 1] = liveness
         else:
             args += ["--liveness", liveness]
+        args += extra_args or []
         env = {e.name: e.value for e in (container.env or []) if e.value is not None}
         metrics_port = 0
         if env.get("RAYSHIP_METRICS_PORT", "0") != "0":
@@ -988,7 +992,7 @@ def _operator_handle(state: State) -> OperatorHandle | None:
     if proc is None or state.operator is None:
         return None
     return OperatorHandle(proc.pid, Path(proc.log), state.operator["liveness_url"], state.operator["metrics_port"],
-                          Path(state.operator["kubeconfig"]), proc.argv)  # fmt: skip
+                          Path(state.operator["kubeconfig"]), proc.argv, proc.start_ticks)  # fmt: skip
 
 
 def stop_operator(handle: OperatorHandle | None = None, paths: Paths | None = None) -> None:
