@@ -59,7 +59,7 @@ test: setup ## the whole suite (every tier; what CI runs)
 test-unit: setup ## renderer, CRD, CLI, status: no cluster, no Ray
 	$(PYTEST) -q tests/unit
 
-test-operator: setup ## kopf for real against the Kubernetes API emulator
+test-operator: setup ## the operator on the real control plane (real API server, KubeRay, kwok nodes)
 	$(PYTEST) -q tests/operator
 
 test-workloads: setup ## Ray Train / Ray Serve on local Ray (CPU; a few minutes)

@@ -1009,6 +1009,39 @@ def stop_operator(handle: OperatorHandle | None = None, paths: Paths | None = No
         _save_state(state, paths)
 
 
+def kill_operator(handle: OperatorHandle | None = None, paths: Paths | None = None) -> None:
+    """SIGKILL the rayship operator's process group (a crash: no cleanup), and forget it."""
+    paths = paths or Paths()
+    with _locked(paths):
+        state = _load_state(paths)
+        proc = state.procs.get("rayship-operator")
+        if proc is None or (handle is not None and handle.pid != proc.pid):
+            return
+        if proc.alive():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        _wait("the operator to die", lambda: not proc.alive(), 10)
+        _reap(proc.pid)
+        del state.procs["rayship-operator"]
+        state.operator = None
+        _save_state(state, paths)
+
+
+def restart(component: str, paths: Paths | None = None) -> None:
+    """Stop one running component (e.g. "kube-apiserver") and start it again with the same arguments,
+    as a crash and a restart by its supervisor would; waits until the API server is ready again."""
+    paths = paths or Paths()
+    with _locked(paths):
+        state = _load_state(paths)
+        proc = state.procs[component]
+        _stop(proc)
+        state.procs[component] = _spawn(component, proc.argv, paths, _clean_env(paths))
+        _save_state(state, paths)
+    server = f"https://127.0.0.1:{state.ports['apiserver']}"
+    _wait("kube-apiserver /readyz", lambda: _https_get(f"{server}/readyz", paths)[0] == 200, 90)
+    log(f"restarted {component}")
+
+
 # --- up / down / status -----------------------------------------------------------------------------
 CORE = (
     "etcd",

@@ -9,6 +9,8 @@ import pytest
 from tools.check_kuberay import KUBERAY_HINT, kuberay_crds_dir
 from tools.strict_schema import StrictValidator, load_crd_schema
 
+pytest_plugins = ["tests.cluster_fixtures"]  # the real control plane: cluster, api, namespace
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "manifests" / "samples"
 

@@ -61,6 +61,8 @@ class CelRule:
     # In the CRD (the cluster needs it) but not checked for local runs (`rayship run`), which
     # validate with `parse(doc, local=True)`.
     cluster_only: bool = False
+    # False for the rare rule the API server's CEL cannot type-check (checked by rayship only).
+    in_crd: bool = True
 
     def as_schema(self) -> dict[str, str]:
         return {"rule": self.rule, "message": self.message}
@@ -108,8 +110,13 @@ class ApiModel(BaseModel):
 
 
 def sub(model: type[BaseModel], description: str) -> Any:
-    """A nested object field that defaults to `{}` (so the API server applies its inner defaults)."""
-    return Field(default_factory=model, description=description, json_schema_extra={"default": {}})
+    """A nested object field that defaults to the object of its own defaults: the API server checks
+    a default against the object's CEL rules as it stands, so `{}` would fail rules on its fields."""
+
+    def default(schema: dict[str, Any]) -> None:
+        schema["default"] = model().model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    return Field(default_factory=model, description=description, json_schema_extra=default)
 
 
 # --- core-style building blocks ----------------------------------------------------------------
@@ -353,9 +360,15 @@ class SearchDimension(ApiModel):
 
     cel_rules: ClassVar = (
         CelRule(
-            "self.distribution == 'choice' ? (has(self.values) && size(self.values) > 0) "
-            ": (has(self.low) && has(self.high) && self.low < self.high)",
-            "choice needs a non-empty values list; loguniform, uniform and randint need low < high",
+            "self.distribution == 'choice' || (has(self.low) && has(self.high) && self.low < self.high)",
+            "loguniform, uniform and randint need low < high",
+        ),
+        # The API server's CEL cannot see `values` (its items are any JSON, so it has no CEL type):
+        # this rule is checked by rayship (CLI and operator), and the CRD keeps minItems: 1.
+        CelRule(
+            "self.distribution != 'choice' || (has(self.values) && size(self.values) > 0)",
+            "choice needs a non-empty values list",
+            in_crd=False,
         ),
         CelRule(
             "self.distribution != 'loguniform' || (has(self.low) && self.low > 0.0)",
@@ -368,7 +381,7 @@ class SearchDimension(ApiModel):
     )
     low: float | None = Field(None, description="Lower bound (loguniform, uniform, randint).")
     high: float | None = Field(None, description="Upper bound, exclusive (loguniform, uniform, randint).")
-    values: list[Any] | None = Field(None, max_length=256, description="Candidates (choice).")
+    values: list[Any] | None = Field(None, min_length=1, max_length=256, description="Candidates (choice).")
 
 
 class TuningSpec(ApiModel):

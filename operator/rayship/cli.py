@@ -198,6 +198,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     from rayship import handlers  # noqa: F401  (registers the handlers)
 
+    kopf.configure(verbose=args.verbose)  # INFO (DEBUG with --verbose) to stderr, one line per record
     kopf.run(
         standalone=True,
         clusterwide=not args.namespace,
@@ -249,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("operator", help="run the controller (kopf) against the current kube context")
     p.add_argument("-n", "--namespace", action="append", help="watch only this namespace (repeatable)")
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint")
+    p.add_argument("--verbose", action="store_true", help="log every API request and handler (debug)")
     p.set_defaults(func=cmd_operator)
     return parser
 

@@ -75,7 +75,7 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], rules: dict[str, tuple[
         if "properties" in node:
             out["properties"] = {k: _convert(v, defs, rules) for k, v in node["properties"].items()}
             if title in rules:
-                out["x-kubernetes-validations"] = [r.as_schema() for r in rules[title]]
+                out["x-kubernetes-validations"] = [r.as_schema() for r in rules[title] if r.in_crd]
         else:
             extra = node.get("additionalProperties", True)
             if isinstance(extra, dict) and extra:

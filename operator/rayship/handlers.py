@@ -95,6 +95,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     )
     settings.posting.level = logging.WARNING  # our own Events say what happened; no handler chatter
     settings.watching.server_timeout = 270
+    # No CRD or namespace scanning: the resources are known (the chart installs our CRDs, KubeRay its),
+    # so the operator needs no cluster-wide read access to CustomResourceDefinitions.
+    settings.scanning.disabled = True
     memo.config = OperatorConfig()
     logging.getLogger("rayship").setLevel(memo.config.log_level.upper())
     k8s.configure()

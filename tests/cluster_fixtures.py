@@ -1,4 +1,5 @@
-"""The local control plane (controlplane/cluster.py) as a session fixture.
+"""The local control plane (controlplane/cluster.py) as session fixtures for every tier that needs it
+(tests/controlplane, tests/operator, tests/e2e); registered in tests/conftest.py.
 
 `cluster` brings the cluster up without the rayship operator, or reuses one that already runs
 (e.g. after `make cluster-up`), and at the end stops only what it started. The binaries are built
@@ -32,7 +33,7 @@ def _why_not() -> str | None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build what is missing before the first test runs (the first build takes many minutes)."""
-    if not any(item.get_closest_marker("controlplane") for item in session.items):
+    if not any(item.get_closest_marker(m) for item in session.items for m in ("controlplane", "operator")):
         return
     if _why_not() is not None or not build.missing():
         return

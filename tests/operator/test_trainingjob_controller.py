@@ -1,0 +1,270 @@
+"""TrainingJob on the real control plane: the operator (as the chart's ServiceAccount) creates the
+RayJob with strict field validation, the real KubeRay makes the RayCluster, the real scheduler places
+the pods kwok runs, the real garbage collector cleans up, and the status follows KubeRay's own."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+import kubernetes
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from rayship import api, names
+from rayship.trainingjob import phase_of
+from tests.operator.kube import Kube, sample, wait_for
+
+pytestmark = pytest.mark.operator
+
+TJ, RJ = api.TRAININGJOBS, api.RAYJOBS
+RAYCLUSTERS = ("ray.io", "v1", "rayclusters")
+GPU_WORKERS = {
+    "replicas": 2,
+    "gpusPerWorker": 1,
+    "cpusPerWorker": 2,
+    "memoryPerWorker": "4Gi",
+    "gpuProduct": "NVIDIA-L4",
+}
+
+
+def rayjob_of(kube: Kube, name: str) -> dict:
+    return wait_for(lambda: kube.get(RJ, names.rayjob_name(name)), 60, what=f"RayJob of {name}")
+
+
+def test_round_trip_on_real_kuberay_scheduler_and_gc(kube: Kube, operator) -> None:
+    kube.pvc()
+    created = kube.create(TJ, sample("mlp-gpu", workers=GPU_WORKERS))
+    rayjob = rayjob_of(kube, "mlp-gpu")
+
+    (owner,) = rayjob["metadata"]["ownerReferences"]
+    assert owner["uid"] == created["metadata"]["uid"] and owner["controller"] and owner["blockOwnerDeletion"]
+    assert "ray.io/rayjob-finalizer" in wait_for(
+        lambda: kube.get(RJ, "mlp-gpu")["metadata"].get("finalizers"), 30, what="KubeRay's finalizer"
+    )
+
+    # The real KubeRay creates the cluster; the real scheduler places the pods.
+    cluster = wait_for(lambda: kube.status(RJ, "mlp-gpu").get("rayClusterName"), 60, what="RayCluster")
+    pods = wait_for(
+        lambda: [p for p in kube.pods(f"ray.io/cluster={cluster}") if p.spec.node_name],
+        90,
+        what="scheduled Ray pods",
+    )
+    pods = wait_for(
+        lambda: (
+            (found := kube.pods(f"ray.io/cluster={cluster}"))
+            and all(p.spec.node_name for p in found)
+            and len(found) == 3
+            and found
+        ),
+        90,
+        what="head + 2 GPU workers scheduled",
+    )
+    nodes = {p.metadata.labels["ray.io/node-type"]: set() for p in pods}
+    for p in pods:
+        nodes[p.metadata.labels["ray.io/node-type"]].add(p.spec.node_name)
+    assert nodes == {"head": {"kwok-cpu-0"}, "worker": {"kwok-gpu-l4-0"}}
+    for p in pods:  # KubeRay's own label survives: its head Services select on it
+        assert p.metadata.labels["app.kubernetes.io/name"] == "kuberay"
+
+    # Our status mirrors KubeRay's real transitions, through the table.
+    def mirrored() -> bool:
+        rj_status = kube.status(RJ, "mlp-gpu")
+        expected = phase_of(rj_status)
+        tj_status = kube.status(TJ, "mlp-gpu")
+        return (
+            tj_status.get("phase") == expected[0]
+            and kube.condition(TJ, "mlp-gpu", "Running").get("reason") == expected[1]
+            and tj_status.get("rayClusterName") == rj_status.get("rayClusterName")
+        )
+
+    wait_for(mirrored, 60, what="the TrainingJob status to follow the RayJob")
+    st = kube.status(TJ, "mlp-gpu")
+    assert st["gpus"] == 2 and st["rayJobUID"] == rayjob["metadata"]["uid"]
+    assert ("Normal", "RayJobCreated", "created RayJob mlp-gpu") in kube.events("mlp-gpu")
+
+    # Deletion: real garbage collection, through KubeRay's finalizer, down to the pods.
+    kube.delete(TJ, "mlp-gpu")
+    wait_for(lambda: kube.get(RJ, "mlp-gpu") is None, 90, what="the RayJob garbage-collected")
+    wait_for(lambda: kube.get(RAYCLUSTERS, cluster) is None, 90, what="the RayCluster deleted")
+    wait_for(lambda: not kube.pods(f"ray.io/cluster={cluster}"), 90, what="the pods deleted")
+    wait_for(
+        lambda: not [a for a in kube.core.list_namespaced_service_account(kube.namespace).items
+                     if a.metadata.name == "mlp-gpu-workload"],
+        60,
+        what="the workload ServiceAccount garbage-collected",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "reason", "words"),
+    [
+        ({"workers": {**GPU_WORKERS, "gpuProduct": "NVIDIA-H200"}}, "Unschedulable", "node"),
+        ({"image": "registry.invalid/doesnotexist:1"}, "ImagePullBackOff", "ImagePullBackOff"),
+    ],
+    ids=["no-node-has-the-gpu-product", "image-cannot-be-pulled"],
+)
+def test_pods_that_cannot_start_are_explained(kube: Kube, operator, change, reason, words) -> None:
+    kube.pvc()
+    kube.create(TJ, sample("stuck", **change))
+    cond = wait_for(
+        lambda: (c := kube.condition(TJ, "stuck", "Running")).get("reason") == reason and c,
+        120,
+        what=f"the Running condition to say {reason}",
+    )
+    assert kube.status(TJ, "stuck")["phase"] == "Pending" and words in cond["message"]
+    assert "pod stuck-" in cond["message"]
+    wait_for(
+        lambda: [e for e in kube.events("stuck") if e[0] == "Warning" and e[1] == reason],
+        30,
+        what=f"a Warning Event {reason}",
+    )
+
+
+def test_recreated_namesake_waits_for_the_old_rayjob_never_adopts_it(kube: Kube, operator) -> None:
+    kube.pvc()
+    first = kube.create(TJ, sample("again"))
+    old = rayjob_of(kube, "again")
+    # Hold the old RayJob in deletion (as a slow finalizer would), then delete and re-create.
+    kube.patch(
+        RJ,
+        "again",
+        {"metadata": {"finalizers": [*old["metadata"].get("finalizers", []), "test.rayship.dev/hold"]}},
+    )
+    kube.delete(TJ, "again")
+    wait_for(
+        lambda: kube.get(RJ, "again")["metadata"].get("deletionTimestamp"), 60, what="old RayJob deleting"
+    )
+    second = kube.create(TJ, sample("again"))
+    assert second["metadata"]["uid"] != first["metadata"]["uid"]
+    cond = wait_for(
+        lambda: (
+            (c := kube.condition(TJ, "again", "Running")).get("reason") == "PreviousRayJobTerminating" and c
+        ),
+        60,
+        what="the new TrainingJob to wait for the old RayJob",
+    )
+    assert "still being deleted" in cond["message"]
+    assert kube.get(RJ, "again")["metadata"]["ownerReferences"][0]["uid"] == first["metadata"]["uid"]
+
+    held = kube.get(RJ, "again")["metadata"]["finalizers"]
+    kube.patch(RJ, "again", {"metadata": {"finalizers": [f for f in held if f != "test.rayship.dev/hold"]}})
+    fresh = wait_for(
+        lambda: (rj := kube.get(RJ, "again")) and not rj["metadata"].get("deletionTimestamp") and rj,
+        90,
+        what="a new RayJob for the new TrainingJob",
+    )
+    assert fresh["metadata"]["ownerReferences"][0]["uid"] == second["metadata"]["uid"]
+
+
+def test_a_launched_rayjob_that_disappears_is_lost_not_restarted(kube: Kube, operator) -> None:
+    kube.pvc()
+    kube.create(TJ, sample("gone"))
+    rayjob_of(kube, "gone")
+    wait_for(lambda: kube.status(TJ, "gone").get("rayJobUID"), 30, what="the launch recorded")
+    kube.delete(RJ, "gone")  # as KubeRay's DELETE_RAYJOB_CR_AFTER_JOB_FINISHES would
+    cond = wait_for(
+        lambda: (c := kube.condition(TJ, "gone", "Failed")).get("reason") == "RayJobLost" and c,
+        90,
+        what="Failed/RayJobLost",
+    )
+    assert "does not start it again" in cond["message"]
+    time.sleep(3)  # the operator reacted to the deletion; it must not create another
+    assert kube.get(RJ, "gone") is None and kube.status(TJ, "gone")["phase"] == "Failed"
+
+
+def test_someone_elses_serviceaccount_is_never_borrowed(kube: Kube, operator) -> None:
+    kube.core.create_namespaced_service_account(kube.namespace, {"metadata": {"name": "deployer-workload"}})
+    kube.pvc()
+    kube.create(TJ, sample("deployer"))
+    cond = wait_for(
+        lambda: (c := kube.condition(TJ, "deployer", "Failed")).get("status") == "True" and c,
+        60,
+        what="the job to fail",
+    )
+    assert cond["reason"] == "WorkloadIdentityTaken" and "deployer-workload" in cond["message"]
+    assert kube.get(RJ, "deployer") is None
+
+
+def test_workload_progress_and_operator_status_never_lose_each_other(kube: Kube, operator) -> None:
+    """The Ray pods patch status.progress as the per-job ServiceAccount (a real token, real RBAC)
+    while the operator writes phase and conditions."""
+    kube.pvc()
+    kube.create(TJ, sample("racer"))
+    kube.create(TJ, sample("neighbour"))
+    rayjob_of(kube, "racer")
+    account = wait_for(
+        lambda: [a for a in kube.core.list_namespaced_service_account(kube.namespace).items
+                 if a.metadata.name == "racer-workload"],
+        30,
+        what="the workload ServiceAccount",
+    )[0]  # fmt: skip
+    token = kube.core.create_namespaced_service_account_token(
+        account.metadata.name, kube.namespace, {"spec": {"expirationSeconds": 600}}
+    ).status.token
+    config = kubernetes.client.Configuration()
+    config.host = kube.client.configuration.host
+    config.ssl_ca_cert = kube.client.configuration.ssl_ca_cert
+    config.api_key = {"authorization": f"Bearer {token}"}
+    workload = kubernetes.client.CustomObjectsApi(kubernetes.client.ApiClient(config))
+    group, version, plural = TJ
+    for epoch in range(1, 21):
+        workload.patch_namespaced_custom_object_status(
+            group, version, kube.namespace, plural, "racer",
+            {"status": {"progress": {"epoch": epoch, "metrics": {"loss": 1.0 / epoch}}}},
+        )  # fmt: skip
+        time.sleep(0.1)
+    with pytest.raises(ApiException) as denied:  # its Role names its own TrainingJob only
+        workload.patch_namespaced_custom_object_status(
+            group, version, kube.namespace, plural, "neighbour", {"status": {"progress": {"epoch": 99}}}
+        )
+    assert denied.value.status == 403
+    wait_for(lambda: kube.status(TJ, "racer").get("rayClusterName"), 60, what="operator status writes")
+    st = kube.status(TJ, "racer")
+    assert st["progress"]["epoch"] == 20 and st["phase"] in ("Pending", "Running")
+    assert {c["type"] for c in st["conditions"]} >= {"Valid", "Running", "SpecApplied"}
+
+
+def test_operator_sigkilled_while_creating_20_jobs_loses_and_duplicates_nothing(kube: Kube, cluster) -> None:
+    from controlplane import cluster as controlplane
+
+    controlplane.stop_operator()
+    kube.pvc()
+    for i in range(20):
+        kube.create(TJ, sample(f"burst-{i:02d}"))
+    handle = controlplane.start_operator()
+    wait_for(lambda: kube.list(RJ), 60, what="the first RayJob")
+    controlplane.kill_operator(handle)  # SIGKILL mid-burst
+    controlplane.start_operator()
+    rayjobs = wait_for(lambda: len(found := kube.list(RJ)) == 20 and found, 120, what="20 RayJobs")
+    tjs = {t["metadata"]["name"]: t["metadata"]["uid"] for t in kube.list(TJ)}
+    for rj in rayjobs:
+        (owner,) = rj["metadata"]["ownerReferences"]
+        assert owner["uid"] == tjs[rj["metadata"]["name"]]
+    accounts = [a.metadata.name for a in kube.core.list_namespaced_service_account(kube.namespace).items]
+    assert sorted(a for a in accounts if a.startswith("burst-")) == [
+        f"burst-{i:02d}-workload" for i in range(20)
+    ]
+
+
+def test_operator_resumes_by_itself_after_an_api_server_restart(kube: Kube, operator, cluster) -> None:
+    from controlplane import cluster as controlplane
+
+    kube.pvc()
+    kube.create(TJ, sample("before"))
+    rayjob_of(kube, "before")
+    controlplane.restart("kube-apiserver")
+    kube.create(TJ, sample("after"))
+    rayjob_of(kube, "after")
+    wait_for(lambda: kube.status(TJ, "after").get("phase") == "Pending", 60, what="status of the new job")
+    # A restarted API server refuses requests until its RBAC cache has synced: expected, and the
+    # operator retried through it. From here on nothing may be refused.
+    operator.refusals_expected_until = datetime.now()
+    kube.create(TJ, sample("later"))
+    rayjob_of(kube, "later")
+
+
+def test_kubectl_explain_prints_the_field_documentation(cluster) -> None:
+    out = cluster.kubectl("explain", "trainingjob.spec.workers").stdout
+    assert "GPU worker group" in out  # the field's description, from the API models
+    assert "gpusPerWorker" in out and "gpuProduct" in out and "GPUs per worker pod" in out
