@@ -142,12 +142,14 @@ def build_rayjob(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
     replicas = spec.workers.replicas
     rayjob_spec: dict[str, Any] = {
         "entrypoint": train_entrypoint(tj, config),
-        "submissionMode": "K8sJobMode",
+        # HTTPMode: KubeRay itself submits the job to the Ray dashboard (through the API server's
+        # service proxy with --use-kubernetes-proxy) once the cluster is ready: no submitter pod to
+        # schedule, to leak or to account for in a queue (K8sJobMode's `ray job submit` pod).
+        "submissionMode": "HTTPMode",
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
         "backoffLimit": spec.failure_policy.retries,
         "suspend": spec.suspend,
-        "submitterPodTemplate": _submitter_template(tj, config, labels),
         "rayClusterSpec": {
             "rayVersion": resolved["rayVersion"],
             "enableInTreeAutoscaling": False,
@@ -179,26 +181,6 @@ def build_rayjob(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
         metadata["labels"][names.LABEL_KUEUE_QUEUE] = spec.scheduling.queue
     metadata["annotations"] = {names.ANNOTATION_SPEC: canonical_json(tj.spec.wire())}
     return {"apiVersion": pods.RAY_API_VERSION, "kind": "RayJob", "metadata": metadata, "spec": rayjob_spec}
-
-
-def _submitter_template(tj: api.TrainingJob, config: OperatorConfig, labels: dict[str, str]) -> dict:
-    """The pod that runs `ray job submit`: KubeRay's default, hardened (non-root, no escalation)."""
-    resources = {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "500m", "memory": "200Mi"}}
-    pod = {
-        "restartPolicy": "Never",
-        "securityContext": pods.pod_security_context(config),
-        "containers": [
-            {
-                "name": names.SUBMITTER_CONTAINER,
-                "image": resolved_spec(tj, config)["image"],
-                "resources": resources,
-                "securityContext": pods.container_security_context(config),
-            }
-        ],
-    }
-    if tj.spec.scheduling.priority_class_name:
-        pod["priorityClassName"] = tj.spec.scheduling.priority_class_name
-    return {"metadata": {"labels": names.pod_labels(labels)}, "spec": pod}
 
 
 def build_workload_rbac(tj: api.TrainingJob) -> list[dict[str, Any]]:

@@ -146,7 +146,8 @@ def test_cpu_only_workers_hide_gpus_and_get_millicores() -> None:
 def test_every_pod_has_shm_checkpoints_and_secure_defaults(spec: Path) -> None:
     doc = parse_trainingjob(load(spec))
     rayjob = rendered(spec)
-    for pod in pods(rayjob) + [rayjob["spec"]["submitterPodTemplate"]["spec"]]:
+    assert rayjob["spec"]["submissionMode"] == "HTTPMode" and "submitterPodTemplate" not in rayjob["spec"]
+    for pod in pods(rayjob):
         assert pod["securityContext"]["runAsNonRoot"] is True
         for container in pod["containers"]:
             assert container["securityContext"]["allowPrivilegeEscalation"] is False
@@ -229,7 +230,6 @@ def test_workload_rbac_is_least_privilege_and_used_by_the_ray_pods() -> None:
         {"kind": "ServiceAccount", "name": "mlp-ddp-workload", "namespace": "default"}
     ]
     assert all(p["serviceAccountName"] == "mlp-ddp-workload" for p in pods(rayjob))
-    assert "serviceAccountName" not in rayjob["spec"]["submitterPodTemplate"]["spec"]
 
 
 def test_long_names_are_truncated_stably_and_distinctly() -> None:
