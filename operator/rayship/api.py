@@ -643,6 +643,12 @@ class UpgradeOptions(ApiModel):
     max_surge_percent: int = Field(100, ge=0, le=100, description="Extra capacity the new cluster may add.")
 
 
+class ModelStorage(ApiModel):
+    """Where the model files live for the serving pods."""
+
+    pvc: PvcStorage = Field(..., description="A PersistentVolumeClaim, mounted read-only.")
+
+
 class ModelServiceSpec(ApiModel):
     """Desired state of a model served with Ray Serve on a KubeRay RayService."""
 
@@ -677,6 +683,11 @@ class ModelServiceSpec(ApiModel):
         description="How changes that need a new Ray cluster are rolled out (model changes never do).",
     )
     upgrade_options: UpgradeOptions | None = Field(None, description="For NewClusterWithIncrementalUpgrade.")
+    storage: ModelStorage | None = Field(
+        None,
+        description="A PersistentVolumeClaim holding a model.uri path, mounted read-only on every Ray pod "
+        "(a fromTrainingJob service mounts its TrainingJob's checkpoint PVC by itself).",
+    )
     env: list[EnvVar] = Field(
         default_factory=list, max_length=64, description="Environment for every Ray container."
     )
@@ -694,6 +705,9 @@ class ModelServiceStatus(ApiModel):
     conditions: list[Condition] = Field(default_factory=list, description="Latest observations.")
     url: str | None = Field(None, description="In-cluster URL of the service.")
     model_uri: str | None = Field(None, alias="modelURI", description="The model being served.")
+    model_volume: PvcStorage | None = Field(
+        None, description="The PVC the served model is read from (kept when its TrainingJob is deleted)."
+    )
     target_model_uri: str | None = Field(
         None, alias="targetModelURI", description="The model being rolled out, until it is ready."
     )

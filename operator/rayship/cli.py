@@ -77,7 +77,9 @@ def render_documents(docs: list[tuple[str, Any]], config: OperatorConfig) -> lis
         if isinstance(obj, api.TrainingJob):
             objects.extend(trainingjob.render_trainingjob(obj, config))
         elif isinstance(obj, api.ModelService):
-            objects.append(modelservice.desired_rayservice(obj, config, _offline_model_uri(obj, label)))
+            volume = obj.spec.storage.pvc if obj.spec.storage else None
+            uri = _offline_model_uri(obj, label)
+            objects.append(modelservice.desired_rayservice(obj, config, uri, volume))
     if errors:
         raise SpecError(errors)
     return objects

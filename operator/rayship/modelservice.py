@@ -38,6 +38,18 @@ class Resolution:
     uri: str | None  # the model to serve (None: nothing to serve yet)
     reason: str  # condition reason for ModelAvailable
     message: str
+    volume: api.PvcStorage | None = None  # the PVC the model is read from (mounted read-only)
+
+
+def _job_volume(trainingjob: Mapping[str, Any]) -> api.PvcStorage | None:
+    """The checkpoint PVC of a TrainingJob, where its exported model lives."""
+    pvc = ((trainingjob.get("spec") or {}).get("checkpoint") or {}).get("storage", {}).get("pvc")
+    return api.PvcStorage.model_validate(pvc) if pvc else None
+
+
+def _stored_volume(current: Mapping[str, Any]) -> api.PvcStorage | None:
+    stored = current.get("modelVolume")
+    return api.PvcStorage.model_validate(stored) if stored else None
 
 
 def resolve_model(
@@ -45,14 +57,18 @@ def resolve_model(
 ) -> Resolution:
     source = ms.spec.model
     if source.uri:
-        return Resolution(source.uri, "ModelURI", f"serving {source.uri}")
+        volume = ms.spec.storage.pvc if ms.spec.storage else None
+        return Resolution(source.uri, "ModelURI", f"serving {source.uri}", volume)
     ref = source.from_training_job
     assert ref is not None  # the API guarantees exactly one source
     served = current.get("modelURI")
     if trainingjob is None:
         if served:
             return Resolution(
-                served, "TrainingJobDeleted", f"TrainingJob {ref.name} was deleted; still serving {served}"
+                served,
+                "TrainingJobDeleted",
+                f"TrainingJob {ref.name} was deleted; still serving {served}",
+                _stored_volume(current),
             )
         return Resolution(None, "TrainingJobNotFound", f"TrainingJob {ref.name} does not exist (yet)")
     tj_status = trainingjob.get("status") or {}
@@ -60,7 +76,8 @@ def resolve_model(
     if phase != "Succeeded":
         reason = "TrainingJobFailed" if phase in ("Failed", "Invalid") else "TrainingJobNotSucceeded"
         if served:
-            return Resolution(served, reason, f"TrainingJob {ref.name} is {phase}; still serving {served}")
+            message = f"TrainingJob {ref.name} is {phase}; still serving {served}"
+            return Resolution(served, reason, message, _stored_volume(current))
         return Resolution(None, reason, f"waiting for TrainingJob {ref.name} to succeed (it is {phase})")
     key = "model" if ref.checkpoint == "latest" else "bestModel"
     uri = (tj_status.get("checkpoint") or {}).get(key)
@@ -71,7 +88,10 @@ def resolve_model(
             f"TrainingJob {ref.name} succeeded but reports no status.checkpoint.{key}",
         )
     return Resolution(
-        uri, "FromTrainingJob", f"serving the {ref.checkpoint} model of TrainingJob {ref.name}: {uri}"
+        uri,
+        "FromTrainingJob",
+        f"serving the {ref.checkpoint} model of TrainingJob {ref.name}: {uri}",
+        _job_volume(trainingjob),
     )
 
 
@@ -123,8 +143,12 @@ def serve_config(ms: api.ModelService, model_uri: str) -> dict[str, Any]:
     }
 
 
-def ray_cluster_config(ms: api.ModelService, config: OperatorConfig) -> dict[str, Any]:
+def ray_cluster_config(
+    ms: api.ModelService, config: OperatorConfig, volume: api.PvcStorage | None = None
+) -> dict[str, Any]:
+    """The serving cluster; `volume` (the model's PVC) is mounted read-only on every Ray pod."""
     spec, res = ms.spec, ms.spec.resources
+    volumes = pods.pvc_volume(names.MODEL_VOLUME, volume, read_only=True) if volume else ([], [])
     image = spec.image or config.default_image
     labels = names.labels("ModelService", ms.metadata.name, "serving")
     ref = pods.object_ref(ms.metadata)
@@ -150,6 +174,7 @@ def ray_cluster_config(ms: api.ModelService, config: OperatorConfig) -> dict[str
                 gpus=0,
                 labels=labels,
                 env=env(0),
+                volumes=volumes,
             ),
         },
         "workerGroupSpecs": [
@@ -169,6 +194,7 @@ def ray_cluster_config(ms: api.ModelService, config: OperatorConfig) -> dict[str
                     gpus=res.gpus,
                     labels=labels,
                     env=env(res.gpus),
+                    volumes=volumes,
                     node_selector=selector,
                     tolerations=tolerations,
                 ),
@@ -177,7 +203,9 @@ def ray_cluster_config(ms: api.ModelService, config: OperatorConfig) -> dict[str
     }
 
 
-def build_rayservice(ms: api.ModelService, config: OperatorConfig, model_uri: str) -> dict[str, Any]:
+def build_rayservice(
+    ms: api.ModelService, config: OperatorConfig, model_uri: str, volume: api.PvcStorage | None = None
+) -> dict[str, Any]:
     spec = ms.spec
     metadata: dict[str, Any] = {"name": names.rayservice_name(ms.metadata.name)}
     if ms.metadata.namespace:
@@ -193,7 +221,7 @@ def build_rayservice(ms: api.ModelService, config: OperatorConfig, model_uri: st
         "spec": {
             "upgradeStrategy": upgrade,
             "serveConfigV2": yaml.safe_dump(serve_config(ms, model_uri), sort_keys=True),
-            "rayClusterConfig": ray_cluster_config(ms, config),
+            "rayClusterConfig": ray_cluster_config(ms, config, volume),
         },
     }
 
@@ -211,8 +239,10 @@ def cluster_hash(rayservice_spec: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(relevant).encode()).hexdigest()[:16]
 
 
-def desired_rayservice(ms: api.ModelService, config: OperatorConfig, uri: str) -> dict[str, Any]:
-    rayservice = build_rayservice(ms, config, uri)
+def desired_rayservice(
+    ms: api.ModelService, config: OperatorConfig, uri: str, volume: api.PvcStorage | None = None
+) -> dict[str, Any]:
+    rayservice = build_rayservice(ms, config, uri, volume)
     rayservice["metadata"]["annotations"] = {
         names.ANNOTATION_CLUSTER_HASH: cluster_hash(rayservice["spec"]),
         names.ANNOTATION_MODEL: uri,
@@ -256,7 +286,7 @@ def plan(
     if resolution.uri is None:
         return Plan(name, context=ServiceContext(resolution, None, url, None, None, name, incremental))
     context = ServiceContext(resolution, None, url, resolution.uri, None, name, incremental)
-    desired = desired_rayservice(ms, config, resolution.uri)
+    desired = desired_rayservice(ms, config, resolution.uri, resolution.volume)
     if rayservice is not None and (how := ownership(rayservice, modelservice)) != "owned":
         blocked = describe_foreign(rayservice, "RayService", how)
         return Plan(name, context=replace(context, blocked=blocked))
@@ -389,6 +419,9 @@ def status(
     if res is not None:
         conditions.append(cond("ModelAvailable", res.uri is not None, res.reason, res.message))
     out: dict[str, Any] = {"observedGeneration": generation, "rayServiceName": plan_.child_name}
+    volume = res.volume.wire() if res and res.volume else current.get("modelVolume")
+    if volume:
+        out["modelVolume"] = volume
     if rayservice is None:
         phase = "WaitingForModel" if ctx.desired_uri is None else "Deploying"
         reason, message = (res.reason, res.message) if res else ("Waiting", "")

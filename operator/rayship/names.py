@@ -39,6 +39,7 @@ SUBMITTER_CONTAINER = "ray-job-submitter"  # KubeRay fills in `ray job submit` w
 TRAINING_WORKER_GROUP = "gpu-workers"
 SERVE_WORKER_GROUP = "serve-workers"
 CHECKPOINT_VOLUME = "checkpoints"
+MODEL_VOLUME = "model"
 SHM_VOLUME = "dshm"
 
 # KubeRay rejects RayJob names longer than this (it derives RayCluster and pod names from them).

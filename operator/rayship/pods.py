@@ -63,6 +63,16 @@ def container_env(ref: str, gpus: int, user_env: list[api.EnvVar], ref_var: str)
 Volumes = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # (pod volumes, container volumeMounts)
 
 
+def pvc_volume(name: str, pvc: api.PvcStorage, *, read_only: bool = False) -> Volumes:
+    """A PersistentVolumeClaim mounted at its mountPath (read-only where the pod only reads)."""
+    claim: dict[str, Any] = {"claimName": pvc.claim_name}
+    mount: dict[str, Any] = {"name": name, "mountPath": pvc.mount_path}
+    if read_only:
+        claim["readOnly"] = True
+        mount["readOnly"] = True
+    return [{"name": name, "persistentVolumeClaim": claim}], [mount]
+
+
 def pod_template(
     config: OperatorConfig,
     *,

@@ -69,12 +69,7 @@ def train_entrypoint(tj: api.TrainingJob, config: OperatorConfig) -> str:
 def _checkpoint_volumes(tj: api.TrainingJob) -> pods.Volumes:
     storage = tj.spec.checkpoint.storage
     pvc = storage.pvc if storage is not None else None
-    if pvc is None:
-        return [], []
-    return (
-        [{"name": names.CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": pvc.claim_name}}],
-        [{"name": names.CHECKPOINT_VOLUME, "mountPath": pvc.mount_path}],
-    )
+    return pods.pvc_volume(names.CHECKPOINT_VOLUME, pvc) if pvc is not None else ([], [])
 
 
 def _tj_pod(

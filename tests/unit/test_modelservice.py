@@ -424,3 +424,37 @@ def test_url_under_incremental_upgrade_points_at_the_active_cluster() -> None:
     rs["status"]["activeServiceStatus"]["rayClusterName"] = "mlp-x7k2p"
     st = derive(ms, rs, tj("Succeeded", model="s3://m/v1"))
     assert st["url"] == "http://mlp-x7k2p-serve-svc.default.svc:8000/mlp"
+
+
+def _mounts(rayservice: dict[str, Any]) -> list[tuple[dict, list]]:
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    templates = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
+    return [(t["spec"]["volumes"], t["spec"]["containers"][0]["volumeMounts"]) for t in templates]
+
+
+def test_a_fromtrainingjob_service_mounts_the_jobs_checkpoint_pvc_read_only() -> None:
+    job = tj("Succeeded", model="/mnt/checkpoints/default.mlp-ddp/model")
+    job["spec"] = {"checkpoint": {"storage": {"pvc": {"claimName": "ckpt", "mountPath": "/mnt/checkpoints"}}}}
+    todo = modelservice.plan(load(), None, job, CONFIG)
+    for volumes, mounts in _mounts(todo.create):  # head (Serve controller) and every replica pod
+        assert {"name": "model", "persistentVolumeClaim": {"claimName": "ckpt", "readOnly": True}} in volumes
+        assert {"name": "model", "mountPath": "/mnt/checkpoints", "readOnly": True} in mounts
+    st = modelservice.status(load(), None, todo, [], NOW)
+    assert st["modelVolume"] == {"claimName": "ckpt", "mountPath": "/mnt/checkpoints"}
+    # The job deleted: the service keeps the model and the volume it reads it from (no new cluster).
+    kept = modelservice.plan({**load(), "status": st | {"modelURI": job["status"]["checkpoint"]["model"]}},
+                             adopted(todo.create), None, CONFIG)  # fmt: skip
+    assert kept.patch is None and kept.context.resolution.volume.claim_name == "ckpt"
+
+
+def test_a_uri_service_can_name_the_pvc_that_holds_the_model() -> None:
+    ms = load(Path(__file__).parent / "specs" / "modelservice-uri-cpu.yaml")
+    ms["spec"]["model"] = {"uri": "/models/mlp"}
+    ms["spec"]["storage"] = {"pvc": {"claimName": "models", "mountPath": "/models"}}
+    todo = modelservice.plan(ms, None, None, CONFIG)
+    for volumes, mounts in _mounts(todo.create):
+        assert {
+            "name": "model",
+            "persistentVolumeClaim": {"claimName": "models", "readOnly": True},
+        } in volumes
+        assert {"name": "model", "mountPath": "/models", "readOnly": True} in mounts
