@@ -28,7 +28,6 @@ from rayship.validation import SpecError, parse
 from rayship.yamlio import canonical_json
 
 IMPORT_PATH = "rayship_workloads.serve:app_builder"
-DEPLOYMENT = "RayshipModel"  # @serve.deployment(name=...) in rayship_workloads.serve
 
 # --- resolve -----------------------------------------------------------------------------------
 
@@ -126,7 +125,7 @@ def serve_config(ms: api.ModelService, model_uri: str) -> dict[str, Any]:
                 "args": serve_args(ms, model_uri),
                 "deployments": [
                     {
-                        "name": DEPLOYMENT,
+                        "name": names.SERVE_DEPLOYMENT,
                         "autoscaling_config": {
                             "min_replicas": spec.replicas.min,
                             "max_replicas": spec.replicas.max,

@@ -40,6 +40,7 @@ TRAINING_WORKER_GROUP = "gpu-workers"
 SERVE_WORKER_GROUP = "serve-workers"
 CHECKPOINT_VOLUME = "checkpoints"
 MODEL_VOLUME = "model"
+SERVE_DEPLOYMENT = "RayshipModel"  # the Serve deployment of rayship_workloads.serve
 SHM_VOLUME = "dshm"
 
 # KubeRay rejects RayJob names longer than this (it derives RayCluster and pod names from them).

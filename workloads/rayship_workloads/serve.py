@@ -39,10 +39,11 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.deployment import Deployment
 
+from rayship import names
 from rayship_workloads import models, recipes
 
 APP_NAME = "rayship"
-DEPLOYMENT_NAME = "RayshipModel"
+DEPLOYMENT_NAME = names.SERVE_DEPLOYMENT
 STATS_WINDOW = 1024  # batch sizes kept per replica for GET /stats
 MAX_NEW_TOKENS = 1024
 
