@@ -80,6 +80,11 @@ NETNS = "rayship-pods"
 VETH_HOST, VETH_NS = "rs-pods0", "rs-pods1"
 LINK_HOST_IP, LINK_NS_IP = "169.254.244.1", "169.254.244.2"  # a /30 between the host and NETNS
 CLUSTER_DOMAIN = "cluster.local"
+SERVICE_IP = SERVICE_CIDR.split("/")[0].rsplit(".", 1)[0] + ".1"  # the `kubernetes` Service
+API_FORWARD_PORT = 443  # LINK_HOST_IP:443 -> the API server, for the Ray heads of controlplane/raypods.py
+APISERVER_SANS = ["IP:127.0.0.1", f"IP:{SERVICE_IP}", f"IP:{LINK_HOST_IP}", "DNS:localhost", "DNS:kubernetes",
+                  "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
+                  f"DNS:kubernetes.default.svc.{CLUSTER_DOMAIN}"]  # fmt: skip
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -286,6 +291,9 @@ class State:
     netns: bool = False
     operator: dict[str, Any] | None = None
     chart_error: str | None = None  # why `helm install` of the rayship chart failed, if it did
+    # What the running components were started with (kwok's stages, the API server's certificate):
+    # when a file changed, `up` restarts the component that reads it.
+    digests: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -295,6 +303,7 @@ class State:
                 "netns": self.netns,
                 "operator": self.operator,
                 "chart_error": self.chart_error,
+                "digests": self.digests,
                 "plan": {"pod_cidr": POD_CIDR, "service_cidr": SERVICE_CIDR, "netns": NETNS},
             },
             indent=2,
@@ -313,6 +322,7 @@ def _load_state(paths: Paths | None = None) -> State:
         netns=raw.get("netns", False),
         operator=raw.get("operator"),
         chart_error=raw.get("chart_error"),
+        digests=raw.get("digests", {}),
     )
 
 
@@ -433,6 +443,10 @@ def _openssl(*args: str) -> None:
 def _ensure_pki(paths: Paths) -> None:
     pki = paths.pki
     if (pki / "complete").exists():
+        missing = _apiserver_sans_missing(pki)
+        if missing:
+            log(f"the API server certificate lacks {', '.join(missing)}: making it again")
+            _leaf(pki, "apiserver", "/CN=kube-apiserver", "serverAuth", APISERVER_SANS)
         return
     shutil.rmtree(pki, ignore_errors=True)
     pki.mkdir(parents=True)
@@ -443,11 +457,8 @@ def _ensure_pki(paths: Paths) -> None:
         "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
         "-out", str(pki / "ca.crt"),
     )  # fmt: skip
-    service_ip = SERVICE_CIDR.split("/")[0].rsplit(".", 1)[0] + ".1"  # the `kubernetes` Service
-    sans = ["IP:127.0.0.1", f"IP:{service_ip}", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default",
-            "DNS:kubernetes.default.svc", f"DNS:kubernetes.default.svc.{CLUSTER_DOMAIN}"]  # fmt: skip
     leaves = {
-        "apiserver": ("/CN=kube-apiserver", "serverAuth", sans),
+        "apiserver": ("/CN=kube-apiserver", "serverAuth", APISERVER_SANS),
         "admin": ("/O=system:masters/CN=rayship-admin", "clientAuth", []),
         "kube-controller-manager": ("/CN=system:kube-controller-manager", "clientAuth", []),
         "kube-scheduler": ("/CN=system:kube-scheduler", "clientAuth", []),
@@ -455,27 +466,42 @@ def _ensure_pki(paths: Paths) -> None:
         "provisioner": ("/CN=rayship:provisioner", "clientAuth", []),
     }
     for name, (subject, usage, alt) in leaves.items():
-        key, csr, crt, ext = (pki / f"{name}.{s}" for s in ("key", "csr", "crt", "ext"))
-        _openssl("genpkey", *ec, "-out", str(key))
-        _openssl("req", "-new", "-key", str(key), "-subj", subject, "-out", str(csr))
-        lines = ["basicConstraints=critical,CA:FALSE", "keyUsage=critical,digitalSignature,keyEncipherment",
-                 f"extendedKeyUsage={usage}"]  # fmt: skip
-        if alt:
-            lines.append("subjectAltName=" + ",".join(alt))
-        ext.write_text("\n".join(lines) + "\n")
-        _openssl(
-            "x509", "-req", "-in", str(csr), "-CA", str(pki / "ca.crt"), "-CAkey", str(pki / "ca.key"),
-            "-set_serial", str(int.from_bytes(os.urandom(8), "big")), "-days", "825", "-extfile", str(ext),
-            "-out", str(crt),
-        )  # fmt: skip
-        csr.unlink()
-        ext.unlink()
+        _leaf(pki, name, subject, usage, alt)
     # Service-account token signing pair.
     _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(pki / "sa.key"))
     _openssl("pkey", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
     for key in pki.glob("*.key"):
         key.chmod(0o600)
     (pki / "complete").write_text("")
+
+
+def _apiserver_sans_missing(pki: Path) -> list[str]:
+    """The APISERVER_SANS the serving certificate lacks (e.g. one made before a SAN was added)."""
+    out = _run(
+        ["openssl", "x509", "-in", str(pki / "apiserver.crt"), "-noout", "-ext", "subjectAltName"]
+    ).stdout
+    have = {part.strip().replace("IP Address:", "IP:") for part in out.split("\n", 1)[-1].split(",")}
+    return [san for san in APISERVER_SANS if san not in have]
+
+
+def _leaf(pki: Path, name: str, subject: str, usage: str, alt: list[str]) -> None:
+    ec = ("-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256")
+    key, csr, crt, ext = (pki / f"{name}.{s}" for s in ("key", "csr", "crt", "ext"))
+    _openssl("genpkey", *ec, "-out", str(key))
+    _openssl("req", "-new", "-key", str(key), "-subj", subject, "-out", str(csr))
+    lines = ["basicConstraints=critical,CA:FALSE", "keyUsage=critical,digitalSignature,keyEncipherment",
+             f"extendedKeyUsage={usage}"]  # fmt: skip
+    if alt:
+        lines.append("subjectAltName=" + ",".join(alt))
+    ext.write_text("\n".join(lines) + "\n")
+    _openssl(
+        "x509", "-req", "-in", str(csr), "-CA", str(pki / "ca.crt"), "-CAkey", str(pki / "ca.key"),
+        "-set_serial", str(int.from_bytes(os.urandom(8), "big")), "-days", "825", "-extfile", str(ext),
+        "-out", str(crt),
+    )  # fmt: skip
+    csr.unlink()
+    ext.unlink()
+    key.chmod(0o600)
 
 
 def _write_kubeconfig(path: Path, server: str, ca: Path, user: dict[str, str], name: str) -> None:
@@ -674,7 +700,7 @@ def _start_kwok(paths: Paths, bins: dict[str, Path], server: str) -> Proc:
         str(bins["kwok"]),
         f"--kubeconfig={kc}",
         f"--config={cfg}",
-        f"--config={HERE / 'kwok-stages.yaml'}",
+        f"--config={KWOK_STAGES}",
     ]
     return _spawn("kwok", argv, paths, _clean_env(paths))
 
@@ -691,6 +717,29 @@ def _start_provisioner(paths: Paths, server: str) -> Proc:
         str(paths.volumes),
     ]
     return _spawn("provisioner", argv, paths, _clean_env(paths, PYTHONUNBUFFERED="1"))
+
+
+def _start_api_forward(paths: Paths, state: State) -> Proc:
+    """LINK_HOST_IP:443 -> 127.0.0.1:<apiserver>: the API server as the Ray heads' pods reach it."""
+    argv = [_venv_python(), str(HERE / "cluster.py"), "api-forward", "--listen", LINK_HOST_IP,
+            "--port", str(API_FORWARD_PORT), "--to", str(state.ports["apiserver"])]  # fmt: skip
+    return _spawn("kube-apiserver-forward", argv, paths, _clean_env(paths, PYTHONUNBUFFERED="1"))
+
+
+def _start_raypods(paths: Paths) -> Proc:
+    """controlplane/raypods.py: real Ray heads for the Ray head pods (admin: it plays the kubelet)."""
+    argv = [_venv_python(), str(HERE / "raypods.py"), "--kubeconfig", str(paths.kubeconfig),
+            "--state-dir", str(paths.base)]  # fmt: skip
+    return _spawn("raypods", argv, paths, _clean_env(paths, PYTHONUNBUFFERED="1"))
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+KWOK_STAGES = HERE / "kwok-stages.yaml"
 
 
 def _venv_python() -> str:
@@ -1052,6 +1101,9 @@ CORE = (
     "provisioner",
     "kuberay-operator",
 )
+# Started after CORE; `up` on a running cluster starts one that is missing (or restarts kwok / the API
+# server when its stages / certificate changed) in place, without restarting the rest.
+ADDONS = ("kube-apiserver-forward", "raypods")
 
 
 def _ready(paths: Paths, state: State) -> bool:
@@ -1093,6 +1145,7 @@ def up(operator: bool | None = True, paths: Paths | None = None) -> Cluster:
         started = False
         if _ready(paths, state):
             log(f"already running: {paths.kubeconfig} (checked in {time.monotonic() - t0:.1f}s)")
+            _ensure_addons(paths, state)
         else:
             if state.procs or state.netns:
                 log("a previous cluster is partly running: stopping it first")
@@ -1121,6 +1174,51 @@ def up(operator: bool | None = True, paths: Paths | None = None) -> Cluster:
     if operator is True and cluster.chart_error:
         raise ChartError(f"the cluster is up, but the rayship chart did not install: {cluster.chart_error}")
     return cluster
+
+
+def _ensure_addons(paths: Paths, state: State) -> None:
+    """Bring a running cluster up to this file: the API server's certificate and kwok's stages as they
+    are now (restarting the one whose input changed), the ADDONS running, the default namespace's label."""
+    server = f"https://127.0.0.1:{state.ports['apiserver']}"
+    _ensure_pki(paths)
+    for name, source in (("kube-apiserver", paths.pki / "apiserver.crt"), ("kwok", KWOK_STAGES)):
+        if state.digests.get(name) == _digest(source):
+            continue
+        log(f"{source.name} changed since {name} started: restarting {name}")
+        proc = state.procs[name]
+        _stop(proc)
+        state.procs[name] = _spawn(name, proc.argv, paths, _clean_env(paths))
+        state.digests[name] = _digest(source)
+        _save_state(state, paths)
+        if name == "kube-apiserver":
+            _wait("kube-apiserver /readyz", lambda: _https_get(f"{server}/readyz", paths)[0] == 200, 90)
+    for name in ADDONS:
+        proc = state.procs.get(name)
+        if proc is not None and proc.alive():
+            continue
+        if proc is not None:
+            _stop(proc)
+        log(f"{name} is not running: starting it")
+        state.procs[name] = _start_api_forward(paths, state) if name in ADDONS[:1] else _start_raypods(paths)
+        _save_state(state, paths)
+    _kubectl_apply(paths, [_default_namespace()])
+    _wait_api_forward(state.procs["kube-apiserver-forward"])
+
+
+def _wait_api_forward(proc: Proc) -> None:
+    def listening() -> bool:
+        with socket.create_connection((LINK_HOST_IP, API_FORWARD_PORT), timeout=1):
+            return True
+
+    _wait("the API server forwarder", listening, 30, proc)
+
+
+def _default_namespace() -> dict[str, Any]:
+    """`default` runs real Ray heads for its Ray head pods (controlplane/raypods.py)."""
+    from controlplane import raypods
+
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "default", "labels": {raypods.NAMESPACE_LABEL: raypods.REAL}}}  # fmt: skip
 
 
 def _start(paths: Paths) -> State:
@@ -1177,12 +1275,16 @@ def _start(paths: Paths) -> State:
         kcm = spawn(_start_controller_manager(paths, state, bins, server))
         sched = spawn(_start_scheduler(paths, state, bins, server))
         client = _api(paths.kubeconfig)
-        _kubectl_apply(paths, _bootstrap_objects())
+        _kubectl_apply(paths, [*_bootstrap_objects(), _default_namespace()])
         lap("RBAC, StorageClass, namespaces")
         kwok = spawn(_start_kwok(paths, bins, server))
         spawn(_start_provisioner(paths, server))
+        forward = spawn(_start_api_forward(paths, state))
+        spawn(_start_raypods(paths))
+        state.digests = {"kube-apiserver": _digest(paths.pki / "apiserver.crt"), "kwok": _digest(KWOK_STAGES)}
         _create_nodes(client)
-        lap("nodes")
+        _wait_api_forward(forward)
+        lap("nodes, forwarder, Ray head stand-in")
         crds.join()
         lap("KubeRay CRDs established")
         kuberay = spawn(_start_kuberay(paths, state, bins, client, server))
@@ -1254,6 +1356,9 @@ def _down(paths: Paths) -> list[str]:
         if proc.alive():
             stopped.append(f"{name} (pgid {proc.pid})")
         _stop(proc)
+    from controlplane import raypods
+
+    stopped += raypods.cleanup(paths.base)  # what a stand-in killed mid-way left behind
     if _remove_netns():
         stopped.append(f"netns {NETNS} with its routes")
     for path in (paths.etcd, paths.volumes, paths.run):
@@ -1368,6 +1473,46 @@ def provisioner(kubeconfig: Path, volumes: Path, interval: float = 1.0) -> None:
         time.sleep(interval)
 
 
+# --- the API server forwarder (runs as its own component) -------------------------------------------
+def api_forward(listen: str, port: int, to_port: int) -> None:
+    """TCP passthrough listen:port -> 127.0.0.1:to_port (TLS is end to end: the API server's own)."""
+    import asyncio
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+            if writer.can_write_eof():
+                writer.write_eof()
+        except (ConnectionError, OSError) as err:
+            print(f"api-forward: connection ended: {err}", flush=True)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", to_port)
+        except OSError as err:
+            print(f"api-forward: the API server refused: {err}", flush=True)
+            writer.close()
+            return
+        try:
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        finally:
+            for w in (writer, up_writer):
+                w.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, listen, port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        print(f"api-forward: {listen}:{port} -> 127.0.0.1:{to_port}", flush=True)
+        async with server:
+            await stop.wait()
+
+    asyncio.run(main())
+
+
 # --- CLI --------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="controlplane/cluster.py", description=__doc__.split("\n\n")[0])
@@ -1383,6 +1528,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("provisioner", help=argparse.SUPPRESS)
     p.add_argument("--kubeconfig", type=Path, required=True)
     p.add_argument("--volumes", type=Path, required=True)
+    p = sub.add_parser("api-forward", help=argparse.SUPPRESS)
+    p.add_argument("--listen", required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--to", type=int, required=True)
     args = parser.parse_args(argv)
     if args.command == "up":
         try:
@@ -1407,6 +1556,8 @@ def main(argv: list[str] | None = None) -> int:
             stop_operator()
     elif args.command == "provisioner":
         provisioner(args.kubeconfig, args.volumes)
+    elif args.command == "api-forward":
+        api_forward(args.listen, args.port, args.to)
     return 0
 
 
