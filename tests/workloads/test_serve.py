@@ -6,10 +6,12 @@ test, a tiny randomly initialised GPT-2 under /lm. Models are made here; nothing
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -178,8 +180,114 @@ def test_generate_on_an_mlp_is_400(server: str) -> None:
     assert "causal-lm" in body["error"] and "'mlp'" in body["error"], body
 
 
+# --- request limits -----------------------------------------------------------------------------
+
+LIMIT_BYTES, LIMIT_ROWS = 2048, 4
+
+
+@pytest.fixture(scope="module")
+def limited_server(server: str, mlp: tuple[recipes.MLP, Path]) -> Iterator[str]:
+    """The MLP again under /limited with small limits, from camelCase args."""
+    from ray import serve
+
+    args = {
+        "modelUri": str(mlp[1]),
+        "routePrefix": "/limited",
+        "numCpus": 0.25,
+        "maxRequestBytes": LIMIT_BYTES,
+        "maxRowsPerRequest": LIMIT_ROWS,
+    }
+    serve.run(app_builder(args), name="rayship-limited", route_prefix="/limited")
+    try:
+        yield server.removesuffix("/tabular") + "/limited"
+    finally:
+        serve.delete("rayship-limited")
+
+
+def padded(body: dict[str, Any], size: int) -> bytes:
+    """`body` as JSON padded with spaces to exactly `size` bytes."""
+    raw = json.dumps(body).encode()
+    assert len(raw) <= size
+    return raw + b" " * (size - len(raw))
+
+
+def test_body_over_the_byte_limit_is_413(limited_server: str) -> None:
+    raw = padded({"instances": [GOOD_ROW]}, LIMIT_BYTES + 1)
+    status, body = call("POST", f"{limited_server}/predict", raw=raw)
+    assert status == 413, body
+    assert f"over {LIMIT_BYTES} bytes (maxRequestBytes)" in body["error"] and "\n" not in body["error"], body
+
+
+def test_chunked_body_over_the_byte_limit_is_413(limited_server: str) -> None:
+    """No Content-Length: the body is cut while it is read."""
+    raw = padded({"instances": [GOOD_ROW]}, LIMIT_BYTES + 1)
+    chunks = iter([raw[:1000], raw[1000:2000], raw[2000:]])
+    request = urllib.request.Request(
+        f"{limited_server}/predict", data=chunks, method="POST", headers={"Content-Type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request, timeout=60)
+    assert request.get_header("Transfer-encoding") == "chunked"
+    assert err.value.code == 413
+    assert "maxRequestBytes" in json.loads(err.value.read())["error"]
+
+
+def test_body_at_the_byte_limit_is_served(limited_server: str, mlp: tuple[recipes.MLP, Path]) -> None:
+    status, body = call(
+        "POST", f"{limited_server}/predict", raw=padded({"instances": [GOOD_ROW]}, LIMIT_BYTES)
+    )
+    assert status == 200, body
+    torch.testing.assert_close(
+        torch.tensor(body["predictions"]), expected(mlp[0], [GOOD_ROW]), rtol=0, atol=1e-5
+    )
+
+
+def test_rows_over_the_row_limit_are_413(limited_server: str) -> None:
+    status, body = call("POST", f"{limited_server}/predict", {"instances": [GOOD_ROW] * (LIMIT_ROWS + 1)})
+    assert status == 413, body
+    assert f"over {LIMIT_ROWS} rows per request (maxRowsPerRequest)" in body["error"], body
+
+
+def test_rows_at_the_row_limit_are_served(limited_server: str) -> None:
+    status, body = call("POST", f"{limited_server}/predict", {"instances": [GOOD_ROW] * LIMIT_ROWS})
+    assert status == 200, body
+    assert len(body["predictions"]) == LIMIT_ROWS
+
+
+def declared_but_not_sent(url: str, length: int) -> tuple[int, dict[str, Any]]:
+    """POST that declares a `length`-byte body and sends only its first KiB: the answer must come from
+    the Content-Length alone (a server that read the body would wait, and time out)."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    try:
+        conn.putrequest("POST", parts.path)
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(length))
+        conn.endheaders()
+        conn.send(b'{"instances": [' + b" " * 1024)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def test_default_limits(server: str) -> None:
+    """8 MiB and 4096 rows unless configured: the module's server keeps the defaults. An oversized
+    Content-Length is refused before the body is read."""
+    args = ServeArgs(model_uri="/m")
+    assert (args.max_request_bytes, args.max_rows_per_request) == (8 * 1024 * 1024, 4096)
+    status, body = declared_but_not_sent(f"{server}/predict", 50 * 1024 * 1024)
+    assert status == 413 and "over 8388608 bytes (maxRequestBytes)" in body["error"], body
+    status, body = call("POST", f"{server}/predict", {"instances": [GOOD_ROW] * 4097})
+    assert status == 413 and "over 4096 rows" in body["error"], body
+    status, body = call("POST", f"{server}/predict", {"instances": [GOOD_ROW] * 4096})
+    assert status == 200 and len(body["predictions"]) == 4096, body
+
+
 def test_serve_args_validation() -> None:
     args = ServeArgs.model_validate({"modelUri": "s3://b/m", "maxBatchSize": 8, "batchWaitTimeoutS": 0.1})
+    limits = ServeArgs.model_validate({"modelUri": "/m", "maxRequestBytes": 100, "maxRowsPerRequest": 2})
+    assert (limits.max_request_bytes, limits.max_rows_per_request) == (100, 2)
     assert (args.model_uri, args.max_batch_size, args.batch_wait_timeout_s) == ("s3://b/m", 8, 0.1)
     assert ServeArgs(model_uri="/m", min_replicas=2, max_replicas=2).max_replicas == 2
     bad: list[dict[str, Any]] = [
@@ -192,6 +300,8 @@ def test_serve_args_validation() -> None:
         {"modelUri": "/m", "maxBatchSize": True},
         {"modelUri": "/m", "routePrefix": "api"},
         {"modelUri": "/m", "targetOngoingRequests": float("inf")},
+        {"modelUri": "/m", "maxRequestBytes": 0},
+        {"modelUri": "/m", "maxRowsPerRequest": 0},
     ]
     for case in bad:
         with pytest.raises(pydantic.ValidationError):

@@ -18,7 +18,11 @@ HTTP contract (paths relative to the application's route prefix; every body is J
     GET  /stats     diagnostics: {"batch_sizes": [...]}, the number of requests in each of the replica's
                     last STATS_WINDOW batches (per replica: with several replicas, one replica answers)
 
-A malformed request is answered with HTTP 400 and {"error": "<what is wrong>"}. What a model serves
+A malformed request is answered with HTTP 400 and {"error": "<what is wrong>"}; a request over the limits
+(`maxRequestBytes` of body, default 8 MiB; `maxRowsPerRequest` rows in one /predict, default 4096) with
+HTTP 413 and the limit's arg in the message. The body size is checked before it is read (Content-Length)
+and while it is read (chunked bodies are cut at the limit), so an oversized body is never held whole;
+the row count is checked before any row is converted. What a model serves
 comes from its recipe (`recipes.Recipe.load`): `/predict` rows of numbers, or `/generate` text.
 """
 
@@ -46,12 +50,15 @@ APP_NAME = "rayship"
 DEPLOYMENT_NAME = names.SERVE_DEPLOYMENT
 STATS_WINDOW = 1024  # batch sizes kept per replica for GET /stats
 MAX_NEW_TOKENS = 1024
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_ROWS_PER_REQUEST = 4096
 
 
 class ServeArgs(BaseModel):
     """Arguments of `app_builder`: snake_case names or their camelCase aliases (`modelUri`, `maxBatchSize`,
     `batchWaitTimeoutS`, `minReplicas`, `maxReplicas`, `targetOngoingRequests`, `numCpus`, `numGpus`,
-    `routePrefix`), as they come from a RayService `serveConfigV2` application's `args`."""
+    `routePrefix`, `maxRequestBytes`, `maxRowsPerRequest`), as they come from a RayService `serveConfigV2`
+    application's `args`."""
 
     model_config = ConfigDict(
         extra="forbid", alias_generator=to_camel, populate_by_name=True, allow_inf_nan=False, frozen=True
@@ -72,6 +79,17 @@ class ServeArgs(BaseModel):
     target_ongoing_requests: float = Field(5, gt=0, description="Autoscaling target per replica.")
     num_cpus: float = Field(1, ge=0, description="CPUs reserved per replica.")
     num_gpus: float = Field(0, ge=0, description="GPUs reserved per replica (the model runs on CUDA if > 0).")
+    max_request_bytes: int = Field(
+        DEFAULT_MAX_REQUEST_BYTES,
+        ge=1,
+        le=1024**3,
+        description="Largest request body in bytes; a larger one is answered with HTTP 413 before it is read whole.",
+    )
+    max_rows_per_request: int = Field(
+        DEFAULT_MAX_ROWS_PER_REQUEST,
+        ge=1,
+        description="Most rows (instances) in one /predict request; more are answered with HTTP 413.",
+    )
 
     @field_validator("*", mode="before")
     @classmethod
@@ -105,6 +123,10 @@ class BadRequest(Exception):
     """A malformed request: answered with HTTP 400 and {"error": message}."""
 
 
+class TooLarge(Exception):
+    """A request over a configured limit: answered with HTTP 413 and {"error": message}."""
+
+
 class _BatchSettings(Protocol):
     """The setters `@serve.batch` adds to the method it wraps (Ray documents them; its type hints do not
     declare them)."""
@@ -113,8 +135,36 @@ class _BatchSettings(Protocol):
     def set_batch_wait_timeout_s(self, new_batch_wait_timeout_s: float) -> None: ...
 
 
-async def _json_object(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+def _too_many_bytes(limit: int) -> TooLarge:
+    return TooLarge(
+        f"request body is over {limit} bytes (maxRequestBytes); send fewer rows per request "
+        "or raise maxRequestBytes in the application's args"
+    )
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, at most `limit` bytes: refused from its Content-Length before reading, and
+    while reading (a chunked body, or one longer than it said) as soon as it passes the limit."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            length = int(declared)
+        except ValueError as exc:
+            raise BadRequest(f"invalid Content-Length header: {declared[:40]!r}") from exc
+        if length > limit:
+            raise _too_many_bytes(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_many_bytes(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _json_object(request: Request, max_bytes: int) -> dict[str, Any]:
+    raw = await _read_body(request, max_bytes)
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, absurd nesting
@@ -133,12 +183,20 @@ def _check_fields(body: dict[str, Any], required: set[str], allowed: set[str], e
         raise BadRequest(f"unknown field {unknown[0]!r}: expected {example}")
 
 
-def parse_instances(body: dict[str, Any], n_features: int) -> list[list[float]]:
-    """The rows of a /predict body, checked: a non-empty list of rows of `n_features` finite numbers."""
+def parse_instances(
+    body: dict[str, Any], n_features: int, max_rows: int = DEFAULT_MAX_ROWS_PER_REQUEST
+) -> list[list[float]]:
+    """The rows of a /predict body, checked: a non-empty list of at most `max_rows` rows (more is
+    `TooLarge`) of `n_features` finite numbers."""
     _check_fields(body, {"instances"}, {"instances"}, '{"instances": [[f1, ..., fn], ...]}')
     instances = body["instances"]
     if not isinstance(instances, list) or not instances:
         raise BadRequest('"instances" must be a non-empty list of rows')
+    if len(instances) > max_rows:
+        raise TooLarge(
+            f"{len(instances)} instances is over {max_rows} rows per request (maxRowsPerRequest); "
+            "split the request or raise maxRowsPerRequest in the application's args"
+        )
     rows: list[list[float]] = []
     for i, row in enumerate(instances):
         if not isinstance(row, list):
@@ -183,6 +241,11 @@ async def _bad_request(request: Request, exc: BadRequest) -> JSONResponse:
     return JSONResponse({"error": str(exc)}, status_code=400)
 
 
+@api.exception_handler(TooLarge)
+async def _too_large(request: Request, exc: TooLarge) -> JSONResponse:
+    return JSONResponse({"error": str(exc)}, status_code=413)
+
+
 @serve.ingress(api)
 class ModelServer:
     """One replica: the model loaded once, /predict requests batched into one forward pass."""
@@ -215,7 +278,8 @@ class ModelServer:
             raise BadRequest(
                 f"/predict needs a tabular model; this model's recipe is {self.recipe!r}: use /generate"
             )
-        rows = parse_instances(await _json_object(request), self.inputs)
+        body = await _json_object(request, self.args.max_request_bytes)
+        rows = parse_instances(body, self.inputs, self.args.max_rows_per_request)
         inputs = torch.tensor(rows, dtype=self.dtype)
         if not torch.isfinite(inputs).all():
             raise BadRequest(f"instances hold values out of range for {self.dtype}")
@@ -232,7 +296,7 @@ class ModelServer:
             raise BadRequest(
                 f"/generate needs a text model ({text_recipes}); this model's recipe is {self.recipe!r}: use /predict"
             )
-        prompt, max_new_tokens = parse_generate(await _json_object(request))
+        prompt, max_new_tokens = parse_generate(await _json_object(request, self.args.max_request_bytes))
         ids = generator.encode(prompt)
         if not ids:
             raise BadRequest('"prompt" encodes to no tokens')
