@@ -79,7 +79,8 @@ class ClusterReporter:
         summary = result.checkpoint.model_dump(mode="json", by_alias=True)
         if result.tuning is not None:
             summary["tuning"] = result.tuning.wire()
-        print(f"[rayship] done: {json.dumps(summary)}", flush=True)
+        summary, _ = progress.finite(summary)  # strict JSON: the patch below says what it leaves out
+        print(f"[rayship] done: {json.dumps(summary, allow_nan=False)}", flush=True)
         if self.trainingjob:
             progress.TrainingJobStatus(self.trainingjob).patch(result.status())
 

@@ -4,12 +4,17 @@ metrics.json, and (inside the cluster) to the TrainingJob's `status.progress`.
 `ProgressCallback` runs as a Ray Train callback on the controller; the driver's reporter (`job`)
 decides which of those it writes. Patching the TrainingJob is rate-limited and never fatal: a failed
 patch is logged and training goes on.
+
+A status patch never carries NaN or +-Inf (JSON has no such numbers and the API server rejects the
+whole patch, the model URI with it): `finite` drops them from every patch (`TrainingJobStatus.patch`),
+and each dropped field is said once in the log.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from statistics import fmean
@@ -22,6 +27,31 @@ from rayship import api
 
 log = logging.getLogger("rayship.progress")
 MIN_INTERVAL_S = 10.0
+_said_non_finite: set[str] = set()  # the fields already logged as dropped (once per process)
+
+
+def finite(value: Any, path: str = "status") -> tuple[Any, list[str]]:
+    """`value` without non-finite floats (NaN, +-Inf): left out of dicts, None in lists; and the
+    dotted paths of what was dropped."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None, [path]
+    if isinstance(value, dict):
+        clean: dict[Any, Any] = {}
+        dropped: list[str] = []
+        for key, item in value.items():
+            kept, lost = finite(item, f"{path}.{key}")
+            dropped += lost
+            if not (isinstance(item, float) and lost):
+                clean[key] = kept
+        return clean, dropped
+    if isinstance(value, list | tuple):
+        items, dropped = [], []
+        for i, item in enumerate(value):
+            kept, lost = finite(item, f"{path}[{i}]")
+            items.append(kept)
+            dropped += lost
+        return items, dropped
+    return value, []
 
 
 def checkpoint_uri(checkpoint: ray.train.Checkpoint, storage_root: str) -> str:
@@ -49,6 +79,17 @@ class TrainingJobStatus:
         self._api: Any = None
 
     def patch(self, status: dict[str, Any]) -> bool:
+        """Merge-patch `status` (non-finite numbers left out, see `finite`); False if it failed."""
+        status, dropped = finite(status)
+        new = [path for path in dropped if path not in _said_non_finite]
+        if new:
+            _said_non_finite.update(new)
+            log.warning(
+                "TrainingJob %s/%s: left out of the status patch, not finite (JSON has no NaN/Infinity): %s",
+                self.namespace,
+                self.name,
+                ", ".join(new),
+            )
         import kubernetes
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError

@@ -1,0 +1,89 @@
+"""Status patches from the workload (`progress.TrainingJobStatus`): never NaN or Infinity, said once.
+
+No Ray is started: the Kubernetes client is replaced by a recorder of what it would send."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+
+from rayship_workloads import job, progress
+
+pytestmark = pytest.mark.workloads
+
+
+class RecordingApi:
+    """Stands in for `kubernetes.client.CustomObjectsApi`: keeps each status patch's body as the
+    client would serialize it (strict JSON, as the API server parses it)."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    def patch_namespaced_custom_object_status(
+        self, group: str, version: str, namespace: str, plural: str, name: str, body: dict[str, Any]
+    ) -> None:
+        self.bodies.append(json.loads(json.dumps(body, allow_nan=False)))  # raises on NaN/Infinity
+
+
+def recording_status() -> tuple[progress.TrainingJobStatus, RecordingApi]:
+    status = progress.TrainingJobStatus("team-a/run-1")
+    recorder = RecordingApi()
+    status._api = recorder  # the in-cluster client, created on first use, is this object
+    return status, recorder
+
+
+def test_finite_drops_nan_and_infinity_and_names_them() -> None:
+    value = {
+        "progress": {"epoch": 3, "metrics": {"loss": float("nan"), "acc": 0.5, "grad": float("-inf")}},
+        "tuning": {"bestMetric": float("inf"), "bestConfig": {"lr": [0.1, float("nan")]}, "trials": 4},
+        "checkpoint": {"model": "/store/team-a.run-1/model"},
+    }
+    clean, dropped = progress.finite(value)
+    assert clean == {
+        "progress": {"epoch": 3, "metrics": {"acc": 0.5}},
+        "tuning": {"bestConfig": {"lr": [0.1, None]}, "trials": 4},
+        "checkpoint": {"model": "/store/team-a.run-1/model"},
+    }
+    assert sorted(dropped) == [
+        "status.progress.metrics.grad",
+        "status.progress.metrics.loss",
+        "status.tuning.bestConfig.lr[1]",
+        "status.tuning.bestMetric",
+    ]
+    assert progress.finite({"a": 1.0, "b": [2, "x"], "c": None}) == ({"a": 1.0, "b": [2, "x"], "c": None}, [])
+
+
+def test_a_nan_metric_never_reaches_the_patch_and_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    status, recorder = recording_status()
+    caplog.set_level(logging.WARNING, logger="rayship.progress")
+    for epoch in (1, 2):
+        progress_status = {
+            "epoch": epoch,
+            "metrics": {"loss": float("nan"), "mae": 0.25},
+            "lastCheckpoint": "/c",
+        }
+        assert status.patch({"progress": progress_status})
+    assert [b["status"]["progress"]["metrics"] for b in recorder.bodies] == [{"mae": 0.25}, {"mae": 0.25}]
+    assert all(b["status"]["progress"]["lastCheckpoint"] == "/c" for b in recorder.bodies)
+    said = [r.getMessage() for r in caplog.records if "not finite" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "status.progress.metrics.loss" in said[0] and "team-a/run-1" in said[0]
+
+
+def test_the_final_status_keeps_the_model_uri_when_the_best_metric_is_infinite() -> None:
+    from rayship import api
+
+    result = job.JobResult(
+        api.CheckpointStatus.model_validate({"model": "/store/m", "bestModel": "/store/m"}),
+        tuning=api.TuningStatus.model_construct(
+            trials=2, best_trial="t1", best_metric=float("inf"), best_config={}
+        ),
+    )
+    status, recorder = recording_status()
+    assert status.patch(result.status())
+    (body,) = recorder.bodies
+    assert body["status"]["checkpoint"]["model"] == "/store/m"
+    assert "bestMetric" not in body["status"]["tuning"] and body["status"]["tuning"]["bestTrial"] == "t1"
