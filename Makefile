@@ -91,7 +91,7 @@ e2e: setup ## the kind end-to-end tests (skipped, with the reason, where there i
 	$(PYTEST) -q -m e2e tests/e2e
 
 ##@ Local control plane (no Docker: real etcd, kube-apiserver, controllers and KubeRay; kwok nodes)
-.PHONY: cluster-build cluster-up cluster-down test-controlplane
+.PHONY: cluster-build cluster-up cluster-down test-controlplane e2e-local
 cluster-build: ## build the pinned control-plane binaries into ~/.cache/rayship (once per machine)
 	python3 controlplane/build.py
 
@@ -103,6 +103,9 @@ cluster-down: ## stop everything cluster-up started, remove its network namespac
 
 test-controlplane: setup cluster-build ## the control-plane tests (reuse a running cluster, or start and stop one)
 	$(PYTEST) -q -m controlplane tests/controlplane
+
+e2e-local: setup cluster-build ## end to end without Docker: the CPU samples trained and served by real Ray heads (~6 min)
+	flock /tmp/rayship-ray.lock $(PYTEST) -q -s -m e2e_local tests/e2e/test_local.py
 
 ##@ Generated files
 .PHONY: generate verify lint

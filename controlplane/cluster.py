@@ -14,6 +14,9 @@ and the real rayship operator, each authenticated and authorised as it would be 
     KubeRay operator          ServiceAccount kuberay-system/kuberay-operator, TokenRequest token
                                                                          ClusterRole kuberay-operator (KubeRay's chart rules)
     rayship operator          the chart's ServiceAccount, TokenRequest token  the chart's own RBAC
+    Ray head stand-in        client cert O=system:masters (the admin)   it plays the kubelet of Ray head
+    (controlplane/raypods.py)                                            pods: pod status, TokenRequest, Secrets
+    API server forwarder     none (TCP, TLS passes through)
     you (.cluster/kubeconfig) client cert O=system:masters
 
 Address plan (nothing a component dials can leave this machine):
@@ -31,11 +34,14 @@ Address plan (nothing a component dials can leave this machine):
         10.244.3.0/24    podCIDR of node kwok-gpu-a100-0
     10.96.0.0/16         SERVICE_CIDR (ClusterIPs), routed into the same namespace, refused the same way.
 
-    A later step that runs a real Ray head for a pod: create a namespace for the pod and a veth pair
-    from `rayship-pods` into it, give the pod end the pod's IP/32 with a default route via 169.254.244.2, add
-    `<pod IP>/32 dev <veth> table local` in `rayship-pods` (more specific than the local /16, so it
-    wins) and turn on net.ipv4.ip_forward there. The host route needs no change; only those pod IPs
-    then answer, every other address is still refused.
+    Real Ray heads (controlplane/raypods.py, for the head pods of namespaces labelled
+    rayship.dev/ray-heads=real, `default` included): a namespace `rsp-<pod uid>` per pod and a veth
+    pair from `rayship-pods` into it (`rsp-<uid[:8]>` there, `eth0` in the pod), the pod's IP/32 on
+    eth0 with a default route via 169.254.244.2, `<pod IP>/32 dev rsp-<uid[:8]> table local` in
+    `rayship-pods` (more specific than the local /16, so it wins) and net.ipv4.ip_forward=1 there.
+    The host route needs no change; only those pod IPs answer, every other address is still refused.
+    169.254.244.1:443    (LINK_HOST_IP) the API server as pods reach it (KUBERNETES_SERVICE_HOST): a
+                         TCP forwarder to 127.0.0.1:<apiserver>; the IP is a SAN of its certificate.
 
 Nothing here resolves a name: every address is a literal IP (the machine's resolver is not on
 loopback), and proxy variables are removed from every component's environment.

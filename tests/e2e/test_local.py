@@ -1,0 +1,230 @@
+"""End to end without Docker (`make e2e-local`): the CPU samples on the local control plane, where
+controlplane/raypods.py runs a REAL Ray head for each Ray head pod kwok runs (worker pods stay
+simulated; the head offers their CPUs).
+
+kubectl apply -> the rayship operator (as the chart's ServiceAccount) -> RayJob / RayService -> the
+real KubeRay -> real training / real Ray Serve on the head -> statuses from KubeRay's own. The test
+namespace is labelled rayship.dev/ray-heads=real, the switch raypods.py reads. The scenarios share
+one namespace and run in order: the service serves the model the training exported to the PVC.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+import torch
+import yaml
+
+from controlplane import raypods
+from rayship import api, names
+from tests.conftest import SAMPLES
+from tests.operator.conftest import REFUSED, TERMINATING
+from tests.operator.kube import Kube, wait_for
+
+pytestmark = [pytest.mark.e2e_local, pytest.mark.timeout(400)]
+
+TJ, MS, RJ, RS = api.TRAININGJOBS, api.MODELSERVICES, api.RAYJOBS, api.RAYSERVICES
+TRAINING, SERVING = "mlp-cpu", "mlp-cpu"  # the samples' names
+CLAIM = "rayship-checkpoints"
+
+
+@pytest.fixture(scope="module")
+def kube(api) -> Iterator[Kube]:
+    """A namespace of real Ray heads with the samples' checkpoint PVC; deleted at the end."""
+    core = kubernetes.client.CoreV1Api(api)
+    name = f"e2e-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": name, "labels": {raypods.NAMESPACE_LABEL: raypods.REAL}}})
+    kube = Kube(api, name)
+    kube.pvc(CLAIM)
+    try:
+        yield kube
+    finally:
+        core.delete_namespace(name)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster) -> Iterator[Any]:
+    """The rayship operator runs; nothing it asks for may be refused meanwhile (its chart's RBAC)."""
+    from controlplane import cluster as controlplane
+
+    handle = controlplane.start_operator()
+    log = Path(handle.log_path)
+    start = log.stat().st_size
+    yield handle
+    written = log.read_bytes()[start:].decode(errors="replace")
+    refused = [line for line in written.splitlines() if REFUSED.search(line) and TERMINATING not in line]
+    assert not refused, "the operator made requests its RBAC refuses:\n" + "\n".join(refused[:20])
+
+
+def apply(cluster, kube: Kube, sample: str, **spec: Any) -> None:
+    """`kubectl apply` a sample into the test namespace (spec fields replaced by `spec`)."""
+    doc = yaml.safe_load((SAMPLES / sample).read_text())
+    doc["metadata"]["namespace"] = kube.namespace
+    doc["spec"].update(spec)
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+
+
+def claim_folder(kube: Kube) -> Path:
+    """The PVC's folder on this machine (the provisioner's hostPath PV)."""
+    pvc = kube.core.read_namespaced_persistent_volume_claim(CLAIM, kube.namespace)
+    return Path(kube.core.read_persistent_volume(pvc.spec.volume_name).spec.host_path.path)
+
+
+def on_host(kube: Kube, pod_path: str) -> Path:
+    mount = "/mnt/checkpoints"  # the samples' checkpoint mountPath
+    assert pod_path.startswith(mount + "/"), pod_path
+    return claim_folder(kube) / pod_path.removeprefix(mount + "/")
+
+
+def phase(kube: Kube, resource: api.Resource, name: str, *finals: str) -> str:
+    """The phase, failing at once on a final phase other than `finals`."""
+    status = kube.status(resource, name)
+    found = status.get("phase") or ""
+    assert found not in ({"Failed", "Invalid"} - set(finals)), json.dumps(status, indent=1)[:3000]
+    return found
+
+
+def test_trainingjob_trains_on_a_real_ray_head_and_succeeds_from_kuberays_status(
+    cluster, operator, kube: Kube
+) -> None:
+    t0 = time.monotonic()
+    apply(cluster, kube, "kind-trainingjob-cpu.yaml")
+    # While it runs, `kubectl get tj` shows the epoch and the loss the workload patched (as the job's
+    # own ServiceAccount, through the API server, with the token mounted in the pod).
+    rows: list[str] = []
+
+    def progress_row() -> str | None:
+        out = cluster.kubectl("get", "tj", TRAINING, "-n", kube.namespace).stdout
+        header, row = out.splitlines()[:2]
+        cells = dict(zip(header.split(), row.split(), strict=False))
+        if phase(kube, TJ, TRAINING, "Succeeded") == "Succeeded" and not rows:
+            pytest.fail(f"Succeeded before any progress was seen:\n{out}")
+        if cells.get("PHASE") == "Running" and cells.get("EPOCH", "").isdigit():
+            rows.append(out)
+            return out
+        return None
+
+    out = wait_for(progress_row, 240, interval=0.3, what="EPOCH and LOSS in `kubectl get tj` while Running")
+    header = out.splitlines()[0].split()
+    assert {"EPOCH", "LOSS"} <= set(header), out
+    loss = out.splitlines()[1].split()[header.index("LOSS")]
+    assert float(loss) > 0, out
+
+    wait_for(lambda: phase(kube, TJ, TRAINING, "Succeeded") == "Succeeded", 240, what="Succeeded")
+    rayjob = kube.status(RJ, names.rayjob_name(TRAINING))
+    assert rayjob["jobStatus"] == "SUCCEEDED" and rayjob["jobDeploymentStatus"] == "Complete", rayjob
+    status = kube.status(TJ, TRAINING)
+    assert status["progress"]["epoch"] == 3
+    model = status["checkpoint"]["model"]
+    assert (on_host(kube, model) / "rayship-model.json").is_file(), f"{model} is not on the PVC"
+    print(f"training: Succeeded in {time.monotonic() - t0:.0f}s")
+
+
+def test_modelservice_serves_the_trained_model_through_the_api_servers_service_proxy(
+    cluster, operator, kube: Kube
+) -> None:
+    wait_for(lambda: phase(kube, TJ, TRAINING, "Succeeded") == "Succeeded", 300, what="the training")
+    t0 = time.monotonic()
+    apply(cluster, kube, "kind-modelservice-cpu.yaml")
+    wait_for(lambda: phase(kube, MS, SERVING, "Ready") == "Ready", 300, what="the ModelService Ready")
+    status = kube.status(MS, SERVING)
+    model = kube.status(TJ, TRAINING)["checkpoint"]["model"]
+    assert status["modelURI"] == model
+
+    from rayship_workloads.models import load_model
+
+    net, manifest = load_model(str(on_host(kube, model)))
+    rows = [[0.1 * (i + j) for i in range(len(manifest["features"]))] for j in range(3)]
+    with torch.no_grad():
+        expected = net(torch.tensor(rows, dtype=torch.float32)).tolist()
+
+    spec = yaml.safe_load((SAMPLES / "kind-modelservice-cpu.yaml").read_text())["spec"]
+    path = (
+        f"/api/v1/namespaces/{kube.namespace}/services/{names.rayservice_name(SERVING)}-serve-svc:serve"
+        f"/proxy{spec['routePrefix']}/predict"
+    )
+
+    def predict() -> dict[str, Any] | None:
+        res = cluster.kubectl(
+            "create", "--raw", path, "-f", "-", input=json.dumps({"instances": rows}), check=False
+        )
+        return json.loads(res.stdout) if res.returncode == 0 else None
+
+    answer = wait_for(predict, 60, what=f"a prediction through {path}")
+    served = answer["predictions"]
+    assert len(served) == len(expected) and all(
+        len(a) == len(b) for a, b in zip(served, expected, strict=True)
+    )
+    flat = [y for row in served for y in row]
+    assert flat == pytest.approx([y for row in expected for y in row], rel=1e-5, abs=1e-6), (served, expected)
+    print(f"serving: Ready and predicting in {time.monotonic() - t0:.0f}s")
+    kube.delete(MS, SERVING)  # frees the CPUs for what follows
+    wait_for(lambda: kube.get(RS, names.rayservice_name(SERVING)) is None, 120, what="the RayService gone")
+
+
+def test_a_model_that_cannot_load_fails_with_serves_reason(cluster, operator, kube: Kube) -> None:
+    t0 = time.monotonic()
+    missing = "/mnt/checkpoints/no-such-run/model"
+    apply(
+        cluster,
+        kube,
+        "kind-modelservice-cpu.yaml",
+        model={"uri": missing},
+        storage={"pvc": {"claimName": CLAIM, "mountPath": "/mnt/checkpoints"}},
+    )
+    wait_for(lambda: phase(kube, MS, SERVING, "Failed") == "Failed", 300, what="the ModelService Failed")
+    ready = kube.condition(MS, SERVING, "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "DeployFailed", ready
+    assert "no-such-run" in ready["message"], ready  # Serve's own reason names the missing model
+    print(f"bad model: Failed in {time.monotonic() - t0:.0f}s: {ready['message'][:200]}")
+    kube.delete(MS, SERVING)
+    wait_for(lambda: kube.get(RS, names.rayservice_name(SERVING)) is None, 120, what="the RayService gone")
+
+
+def test_a_killed_ray_head_is_retried_and_the_next_attempt_resumes_from_the_checkpoint(
+    cluster, operator, kube: Kube
+) -> None:
+    name = "resume"
+    doc = yaml.safe_load((SAMPLES / "kind-trainingjob-cpu.yaml").read_text())
+    doc["metadata"] = {"name": name, "namespace": kube.namespace}
+    doc["spec"]["trainer"]["epochs"] = 6
+    doc["spec"]["data"]["samples"] = 16384  # epochs long enough to kill the head between two of them
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+    epochs: list[int] = []  # every epoch seen in status.progress, in order
+
+    def watch(done: str) -> bool:
+        status = kube.status(TJ, name)
+        epoch = (status.get("progress") or {}).get("epoch")
+        if epoch is not None and (not epochs or epochs[-1] != epoch):
+            epochs.append(epoch)
+        if done == "checkpointed":
+            return bool(epoch and epoch >= 2 and (status.get("checkpoint") or {}).get("latest"))
+        return phase(kube, TJ, name, "Succeeded") == "Succeeded"
+
+    wait_for(lambda: watch("checkpointed"), 300, interval=0.2, what="two epochs and a checkpoint")
+    latest = kube.status(TJ, name)["checkpoint"]["latest"]  # .../epoch-0000N
+    checkpointed = int(latest.rsplit("-", 1)[-1])
+    seen = len(epochs)
+    cluster_name = kube.status(RJ, names.rayjob_name(name))["rayClusterName"]
+    (head,) = kube.pods(f"ray.io/cluster={cluster_name},ray.io/node-type=head")
+    record = json.loads((cluster.state_dir / "run" / "raypods" / "heads.json").read_text())[head.metadata.uid]
+    os.killpg(record["pgid"], signal.SIGKILL)  # the Ray head dies: GCS, raylet, dashboard, the driver
+
+    wait_for(lambda: watch("succeeded"), 360, interval=0.2, what="Succeeded after the head was killed")
+    after = epochs[seen:]
+    # The next attempt starts after the checkpoint (a fresh start would report epoch 1 again).
+    assert after and min(after) > checkpointed, f"epochs {epochs}, killed after checkpoint {latest}"
+    print(f"resume: killed after epoch {epochs[seen - 1]} (checkpoint {checkpointed}), epochs seen {epochs}")
+    pod = kube.core.read_namespaced_pod(head.metadata.name, kube.namespace)
+    assert pod.status.container_statuses[0].restart_count >= 1
+    status = kube.status(TJ, name)
+    assert status["progress"]["epoch"] == 6 and status["checkpoint"]["model"], status
