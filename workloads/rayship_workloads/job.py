@@ -7,6 +7,9 @@ in local mode (the terminal, metrics.json, loss.png, result.json).
 
 In the cluster, checkpoints and models go to `spec.checkpoint.storage` (the PVC's mount path or the
 object-store URI); local mode picks its own directory.
+
+Secrets: the spec (in the entrypoint) may hold `env[].value`s; nothing here prints the spec, and every
+error message about it goes through `redact.scrub` (`env[].value` -> `***`).
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import yaml
 from ray.train.v2.api.callback import UserCallback
 
 from rayship import api, names, yamlio
 from rayship.validation import SpecError, parse_trainingjob
-from rayship_workloads import data, progress, train, tune
+from rayship_workloads import data, progress, redact, train, tune
 
 
 class JobError(ValueError):
@@ -85,10 +89,14 @@ class ClusterReporter:
             progress.TrainingJobStatus(self.trainingjob).patch(result.status())
 
 
+def read_document(value: str) -> Any:
+    """The document of a JSON string (the RayJob entrypoint) or a YAML/JSON file, not validated."""
+    return json.loads(value) if value.lstrip().startswith("{") else yamlio.load(Path(value).read_text())
+
+
 def load_trainingjob(value: str) -> api.TrainingJob:
     """A TrainingJob from a JSON string (the RayJob entrypoint) or a YAML/JSON file, validated."""
-    doc = json.loads(value) if value.lstrip().startswith("{") else yamlio.load(Path(value).read_text())
-    return parse_trainingjob(doc)
+    return parse_trainingjob(read_document(value))
 
 
 def cluster_storage_root(spec: api.TrainingJobSpec) -> str:
@@ -153,16 +161,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--spec", required=True, help="TrainingJob as JSON, or a YAML/JSON file")
     args = parser.parse_args(argv)
+    doc: Any = None
     try:
-        tj = load_trainingjob(args.spec)
-    except (SpecError, OSError, ValueError) as err:
-        print(f"error: invalid TrainingJob: {err}", file=sys.stderr)
+        doc = read_document(args.spec)
+        tj = parse_trainingjob(doc)
+    except (SpecError, OSError, ValueError, yaml.YAMLError) as err:
+        message = " ".join(str(err).split("\n")) if isinstance(err, yaml.YAMLError) else str(err)
+        print(f"error: invalid TrainingJob: {redact.scrub(message, doc)}", file=sys.stderr)
         return 1
     try:
         storage_root = cluster_storage_root(tj.spec)
         run(tj, storage_root=storage_root, reporter=ClusterReporter(os.environ.get(names.ENV_TRAININGJOB)))
     except (JobError, data.DataError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {redact.scrub(str(err), doc)}", file=sys.stderr)
         return 1
     return 0
 

@@ -12,7 +12,8 @@ Adding a recipe: write those here, add its `Recipe` to `RECIPES`, and add its na
 `TrainerSpec.recipe` in `operator/rayship/api.py`. Nothing else names a recipe.
 
 Every loop receives `config` = the TrainingJob's `trainer.config` plus a `rayship` key: the resolved
-spec in its camelCase wire form (`spec`), the model config (`model_config`) and the setup's extras
+spec in its camelCase wire form (`spec`; its `env[].value`s read `***`: they are in the process
+environment, and the spec is not a place for secrets), the model config (`model_config`) and the setup's extras
 (e.g. the feature columns), `storage_root` and `run_name`. Own loops get the same, with the data and
 setup of `OWN_LOOP_DATA`. The loops mark their Ray steps `# [1] prepare data ... # [4] report`.
 """

@@ -25,7 +25,7 @@ from ray.train.v2.api.config import CheckpointConfig, FailureConfig, LoggingConf
 from ray.train.v2.torch.torch_trainer import TorchTrainer
 
 from rayship import api
-from rayship_workloads import data, models, progress, recipes, storage, strategies
+from rayship_workloads import data, models, progress, recipes, redact, storage, strategies
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Prepared:
     def loop_config(self, tj: api.TrainingJob) -> dict[str, Any]:
         """`train_loop_config`: `trainer.config` plus the `rayship` key every loop reads."""
         context = {
-            "spec": tj.spec.wire(),
+            "spec": redact.redacted(tj.spec.wire()),  # env values are in the process environment
             "model_config": self.setup.config,
             **self.setup.extra,
             "storage_root": self.storage_root,
