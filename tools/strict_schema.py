@@ -10,13 +10,14 @@ dropped and schema defaults applied first, as the API server does. CEL rules
 from __future__ import annotations
 
 import copy
-import functools
 from pathlib import Path
 from typing import Any
 
 import celpy
 import jsonschema
 import yaml
+
+from rayship.api import cel_program
 
 
 def load_crd_schema(path: Path, version: str) -> dict[str, Any]:
@@ -74,22 +75,32 @@ def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
     return value
 
 
-@functools.cache
-def _program(rule: str) -> Any:
-    env = celpy.Environment()
-    return env.program(env.compile(rule))
+def typed(schema: dict[str, Any], value: Any) -> Any:
+    """The value as the API server hands it to CEL: a JSON integer in a `number` field is a double."""
+    if schema.get("type") == "number" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, dict):
+        props, extra = schema.get("properties", {}), schema.get("additionalProperties")
+        return {
+            k: typed(props.get(k) or (extra if isinstance(extra, dict) else {}), v) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [typed(schema.get("items", {}), v) for v in value]
+    return value
 
 
 def cel_errors(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
     """Evaluate every x-kubernetes-validations rule on the value it is attached to."""
     errors: list[str] = []
     for rule in schema.get("x-kubernetes-validations", []):
-        result = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})
+        # rayship's own CEL environment: the Kubernetes quantity library the API server offers too
+        result = cel_program(rule["rule"]).evaluate({"self": celpy.json_to_cel(typed(schema, value))})
         if isinstance(result, Exception) or not result:
             errors.append(f"{path or '<root>'}: {rule.get('message', rule['rule'])}")
     if isinstance(value, dict):
+        extra = schema.get("additionalProperties")
         for key, item in value.items():
-            sub = schema.get("properties", {}).get(key)
+            sub = schema.get("properties", {}).get(key) or (extra if isinstance(extra, dict) else None)
             if sub:
                 errors += cel_errors(sub, item, f"{path}.{key}" if path else key)
     elif isinstance(value, list) and "items" in schema:

@@ -14,7 +14,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Annotated, Any, ClassVar, Literal
 
 import celpy
@@ -41,6 +43,18 @@ QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
 DNS1123_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# A label key / taint key: an optional DNS subdomain prefix and '/', then a name (Kubernetes'
+# IsQualifiedName).
+QUALIFIED_NAME_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+DNS1123_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+IMAGE_PATTERN = r"^\S+$"  # no whitespace anywhere: the kubelet cannot pull such a reference
+# Memory: whole bytes (no milli-units such as 1m); bounds (>= 64Mi, < 8Ei) are CEL rules below.
+MEMORY_PATTERN = r"^[0-9]+(\.[0-9]+)?(k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
+MIN_MEMORY = "64Mi"
 ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 # Ray >= 2.52.0: KubeRay v1.7 rejects token auth (which rayship always enables) on older Ray.
 RAY_VERSION_PATTERN = r"^(2\.(5[2-9]|[6-9][0-9]|[1-9][0-9]{2,})|([3-9]|[1-9][0-9]+)\.[0-9]+)\.[0-9]+$"
@@ -68,10 +82,39 @@ class CelRule:
         return {"rule": self.rule, "message": self.message}
 
 
+_SUFFIXES: dict[str, Fraction | int] = {
+    "": 1, "m": Fraction(1, 1000), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+    "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}  # fmt: skip
+
+
+class _Quantity:
+    """A Kubernetes resource.Quantity, for the CEL quantity library (Kubernetes >= 1.29) as the API
+    server evaluates it: `quantity('16Gi').compareTo(quantity('64Mi'))`."""
+
+    def __init__(self, text: Any):
+        found = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)", str(text))
+        if found is None or found.group(2) not in _SUFFIXES:
+            raise ValueError(f"not a quantity: {text!r}")
+        self.value = Fraction(found.group(1)) * _SUFFIXES[found.group(2)]
+
+
+def _compare(a: _Quantity, b: _Quantity) -> celpy.celtypes.IntType:
+    return celpy.celtypes.IntType((a.value > b.value) - (a.value < b.value))
+
+
+_CEL_FUNCTIONS: dict[str, Any] = {
+    "quantity": _Quantity,
+    "compareTo": _compare,
+    "isGreaterThan": lambda a, b: celpy.celtypes.BoolType(a.value > b.value),
+    "isLessThan": lambda a, b: celpy.celtypes.BoolType(a.value < b.value),
+}
+
+
 @functools.cache
-def _cel_program(rule: str) -> celpy.Runner:
+def cel_program(rule: str) -> celpy.Runner:
     env = celpy.Environment()
-    return env.program(env.compile(rule))
+    return env.program(env.compile(rule), functions=_CEL_FUNCTIONS)
 
 
 def cel_holds(rule: str, value: Any) -> bool:
@@ -80,7 +123,7 @@ def cel_holds(rule: str, value: Any) -> bool:
     As in the API server, a rule whose evaluation fails (e.g. a missing field) does not hold.
     """
     try:
-        result = _cel_program(rule).evaluate({"self": celpy.json_to_cel(value)})
+        result = cel_program(rule).evaluate({"self": celpy.json_to_cel(value)})
     except celpy.CELEvalError:
         return False
     return not isinstance(result, Exception) and bool(result)
@@ -125,22 +168,50 @@ def sub(model: type[BaseModel], description: str) -> Any:
 class Toleration(ApiModel):
     """A Kubernetes toleration (core/v1 Toleration) added to the worker pods."""
 
-    key: str | None = Field(None, description="Taint key the toleration applies to; empty matches all keys.")
+    cel_rules: ClassVar = (
+        CelRule(
+            "self.operator != 'Exists' || !has(self.value) || self.value == ''",
+            "operator Exists matches any value: remove value (or use operator Equal)",
+        ),
+        CelRule(
+            "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            "tolerationSeconds applies only to effect NoExecute",
+        ),
+        CelRule(
+            "(has(self.key) && self.key != '') || self.operator == 'Exists'",
+            "an empty key matches every taint only with operator Exists",
+        ),
+    )
+    key: str | None = Field(
+        None,
+        pattern=QUALIFIED_NAME_PATTERN,
+        max_length=316,
+        description="Taint key the toleration applies to; empty matches all keys.",
+    )
     operator: Literal["Exists", "Equal"] = Field("Equal", description="Exists or Equal.")
-    value: str | None = Field(None, description="Taint value to match when operator is Equal.")
+    value: str | None = Field(
+        None,
+        pattern=LABEL_VALUE_PATTERN,
+        max_length=63,
+        description="Taint value to match when operator is Equal.",
+    )
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         None, description="Taint effect to match; empty matches all effects."
     )
     toleration_seconds: int | None = Field(
-        None, ge=0, description="For NoExecute: how long the pod stays bound after the taint appears."
+        None,
+        ge=0,
+        description="For NoExecute: how long the pod stays bound after the taint appears.",
     )
 
 
 class SecretKeyRef(ApiModel):
     """A key of a Secret in the TrainingJob's namespace."""
 
-    name: str = Field(..., min_length=1, description="Name of the Secret.")
-    key: str = Field(..., min_length=1, description="Key within the Secret.")
+    name: str = Field(
+        ..., pattern=DNS1123_SUBDOMAIN_PATTERN, max_length=253, description="Name of the Secret."
+    )
+    key: str = Field(..., pattern=SECRET_KEY_PATTERN, max_length=253, description="Key within the Secret.")
     optional: bool | None = Field(None, description="Start even if the Secret or key is missing.")
 
 
@@ -171,8 +242,32 @@ GpuProduct = Annotated[
     ),
 ]
 NodeSelector = Annotated[
-    dict[str, str], Field(default_factory=dict, description="Extra node labels the worker pods must match.")
+    dict[str, Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]],
+    Field(default_factory=dict, max_length=64, description="Extra node labels the worker pods must match."),
 ]
+# On every object with a nodeSelector: its keys must be label keys (values are checked by pattern).
+NODE_SELECTOR_KEYS = CelRule(
+    "!has(self.nodeSelector) || self.nodeSelector.all(k, k.size() <= 316 && k.matches('"
+    + QUALIFIED_NAME_PATTERN.replace("\\", "\\\\")  # a CEL string literal: backslashes escaped
+    + "'))",
+    "nodeSelector keys must be label keys: [prefix/]name, name at most 63 letters, digits, '-', '_', '.'",
+)
+
+
+def cpu_rule(field: str) -> CelRule:
+    """CPU of at least 1m, as CEL: the API server checks `minimum: 0.001` against an integer 0 as
+    the integer minimum 0 (kube-openapi truncates it) and lets 0 through; CEL sees the double."""
+    return CelRule(f"self.{field} >= 0.001", f"{field} must be at least 0.001 (1m): a pod needs some CPU")
+
+
+def memory_rule(field: str) -> CelRule:
+    return CelRule(
+        f"quantity(self.{field}).compareTo(quantity('{MIN_MEMORY}')) >= 0 "
+        f"&& quantity(self.{field}).isLessThan(quantity('8Ei'))",
+        f"{field} must be at least {MIN_MEMORY} (Ray needs more) and below 8Ei",
+    )
+
+
 Tolerations = Annotated[
     list[Toleration],
     Field(default_factory=list, max_length=32, description="Extra tolerations for the worker pods."),
@@ -267,11 +362,15 @@ class DataSpec(ApiModel):
 class WorkersSpec(ApiModel):
     """The GPU worker group: one Ray Train worker per pod."""
 
+    cel_rules: ClassVar = (NODE_SELECTOR_KEYS, cpu_rule("cpusPerWorker"), memory_rule("memoryPerWorker"))
+
     replicas: int = Field(1, ge=1, le=1024, description="Number of training workers (pods).")
     gpus_per_worker: int = Field(1, ge=0, le=16, description="GPUs per worker pod (0 trains on CPU).")
-    cpus_per_worker: float = Field(4, gt=0, le=1024, description="CPU cores per worker pod.")
+    cpus_per_worker: float = Field(
+        4, ge=0.001, le=1024, description="CPU cores per worker pod (at least 1m)."
+    )
     memory_per_worker: str = Field(
-        "16Gi", pattern=QUANTITY_PATTERN, description="Memory per worker pod (Kubernetes quantity)."
+        "16Gi", pattern=MEMORY_PATTERN, description="Memory per worker pod (Kubernetes quantity)."
     )
     gpu_product: GpuProduct = None
     node_selector: NodeSelector
@@ -281,13 +380,20 @@ class WorkersSpec(ApiModel):
 class HeadSpec(ApiModel):
     """The Ray head pod: coordinates the job and runs no training (num-cpus 0, no GPU)."""
 
-    cpus: float = Field(2, gt=0, le=1024, description="CPU cores for the head pod.")
-    memory: str = Field("8Gi", pattern=QUANTITY_PATTERN, description="Memory for the head pod.")
+    cel_rules: ClassVar = (cpu_rule("cpus"), memory_rule("memory"))
+    cpus: float = Field(2, ge=0.001, le=1024, description="CPU cores for the head pod (at least 1m).")
+    memory: str = Field("8Gi", pattern=MEMORY_PATTERN, description="Memory for the head pod.")
 
 
 class PvcStorage(ApiModel):
     """A PersistentVolumeClaim mounted on every pod (ReadWriteMany for more than one node)."""
 
+    cel_rules: ClassVar = (
+        CelRule(
+            "self.mountPath != '/' && self.mountPath != '/dev/shm' && !self.mountPath.startsWith('/dev/shm/')",
+            "mountPath / and /dev/shm are taken (/dev/shm is the pods' shared memory): choose another path",
+        ),
+    )
     claim_name: str = Field(..., pattern=DNS1123_LABEL_PATTERN, max_length=253, description="PVC name.")
     mount_path: str = Field(
         "/mnt/checkpoints", pattern=r"^/.*", description="Where the PVC is mounted in every pod."
@@ -374,13 +480,22 @@ class SearchDimension(ApiModel):
             "self.distribution != 'loguniform' || (has(self.low) && self.low > 0.0)",
             "loguniform needs low > 0",
         ),
+        CelRule(
+            "self.distribution != 'randint' || (has(self.low) && has(self.high) "
+            "&& double(int(self.low)) == self.low && double(int(self.high)) == self.high)",
+            "randint needs whole-number low and high",
+        ),
     )
     distribution: Literal["loguniform", "uniform", "choice", "randint"] = Field(
         ...,
         description="loguniform/uniform (floats in [low, high)), randint (integers in [low, high)), choice.",
     )
-    low: float | None = Field(None, description="Lower bound (loguniform, uniform, randint).")
-    high: float | None = Field(None, description="Upper bound, exclusive (loguniform, uniform, randint).")
+    low: float | None = Field(
+        None, allow_inf_nan=False, description="Lower bound (loguniform, uniform, randint)."
+    )
+    high: float | None = Field(
+        None, allow_inf_nan=False, description="Upper bound, exclusive (loguniform, uniform, randint)."
+    )
     values: list[Any] | None = Field(None, min_length=1, max_length=256, description="Candidates (choice).")
 
 
@@ -389,8 +504,20 @@ class TuningSpec(ApiModel):
 
     cel_rules: ClassVar = (
         CelRule(
-            "self.searchSpace.all(k, k in " + str(list(TUNABLE_FIELDS)) + " || k.startsWith('config.'))",
+            "self.searchSpace.all(k, k in "
+            + str(list(TUNABLE_FIELDS))
+            + " || (k.startsWith('config.') && k.size() > 7))",
             "searchSpace keys must be learningRate, batchSizePerWorker, epochs or config.<key>",
+        ),
+        CelRule(
+            "['epochs', 'batchSizePerWorker'].all(k, !(k in self.searchSpace) "
+            "|| !has(self.searchSpace[k].low) || self.searchSpace[k].low >= 1.0)",
+            "epochs and batchSizePerWorker ranges start at 1 or more",
+        ),
+        CelRule(
+            "!('learningRate' in self.searchSpace) || !has(self.searchSpace.learningRate.low) "
+            "|| self.searchSpace.learningRate.low > 0.0",
+            "a learningRate range starts above 0",
         ),
     )
     num_samples: int = Field(4, ge=1, le=1000, description="Number of trials.")
@@ -405,6 +532,22 @@ class TuningSpec(ApiModel):
     search_space: dict[str, SearchDimension] = Field(
         ..., min_length=1, max_length=32, description="Trainer fields or config.<key> to search over."
     )
+
+    @model_validator(mode="after")
+    def _choices_fit_their_field(self) -> TuningSpec:
+        """A choice's values must be values its field takes (the API server's CEL cannot type the
+        values list: this is checked by rayship, in the CLI and the operator)."""
+        wants = {
+            "learningRate": ("a number above 0", lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < float("inf")),
+            "epochs": ("a whole number of at least 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+            "batchSizePerWorker": ("a whole number of at least 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+        }  # fmt: skip
+        for key, (what, ok) in wants.items():
+            dim = self.search_space.get(key)
+            bad = [v for v in (dim.values or []) if not ok(v)] if dim else []
+            if bad:
+                raise ValueError(f"searchSpace.{key}.values must each be {what} (got {bad[:3]!r})")
+        return self
 
 
 class TrainingJobSpec(ApiModel):
@@ -428,7 +571,8 @@ class TrainingJobSpec(ApiModel):
     )
     image: str | None = Field(
         None,
-        min_length=1,
+        pattern=IMAGE_PATTERN,
+        max_length=512,
         description="Workload image (rayship_workloads); default from the operator config.",
     )
     ray_version: str | None = Field(
@@ -617,10 +761,11 @@ class ServeReplicas(ApiModel):
 class ServeResources(ApiModel):
     """Resources of one replica (and of the worker pod that hosts it)."""
 
+    cel_rules: ClassVar = (NODE_SELECTOR_KEYS, cpu_rule("cpus"), memory_rule("memory"))
     gpus: int = Field(1, ge=0, le=16, description="GPUs per replica (0 serves on CPU).")
-    cpus: float = Field(4, gt=0, le=1024, description="CPU cores per replica.")
+    cpus: float = Field(4, ge=0.001, le=1024, description="CPU cores per replica (at least 1m).")
     memory: str = Field(
-        "16Gi", pattern=QUANTITY_PATTERN, description="Memory per replica (Kubernetes quantity)."
+        "16Gi", pattern=MEMORY_PATTERN, description="Memory per replica (Kubernetes quantity)."
     )
     gpu_product: GpuProduct = None
     node_selector: NodeSelector
@@ -663,7 +808,10 @@ class ModelServiceSpec(ApiModel):
         ),
     )
     image: str | None = Field(
-        None, min_length=1, description="Workload image; default from the operator config."
+        None,
+        pattern=IMAGE_PATTERN,
+        max_length=512,
+        description="Workload image; default from the operator config.",
     )
     ray_version: str | None = Field(
         None, pattern=RAY_VERSION_PATTERN, description="Ray version in the image."

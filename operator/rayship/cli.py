@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,10 +141,42 @@ def _one(path: str, model: type[api.ApiModel], *, local: bool = False) -> api.Ap
     return obj
 
 
-def _one_trainingjob(path: str) -> dict[str, Any]:
-    resolved = _one(path, api.TrainingJob, local=True).wire()
-    resolved.pop("status", None)
-    return resolved
+def _one_trainingjob(path: str) -> api.TrainingJob:
+    tj = _one(path, api.TrainingJob, local=True)
+    assert isinstance(tj, api.TrainingJob)
+    return tj
+
+
+def _runs_dir(value: str) -> Path:
+    """--runs-dir, created now: a bad one is said before Ray starts."""
+    path = Path(value)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InputError(f"--runs-dir {value}: cannot create it: {err.strerror or err}") from None
+    return path
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a TCP port (1-65535)")
+    return port
+
+
+def _route_prefix(value: str) -> str:
+    if not re.fullmatch(api.ROUTE_PREFIX_PATTERN, value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a route prefix: '/' or '/name[/name...]' (letters, digits, '_', '.', '-')"
+        )
+    return value
+
+
+# Where `rayship serve` can read a model from (pyarrow's filesystems without a JVM or cloud SDK).
+SERVABLE_SCHEMES = ("s3://", "gs://")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -152,7 +185,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     doc = _one_trainingjob(args.file)
     try:
-        local.run(doc, runs_dir=Path(args.runs_dir))
+        local.run(doc, runs_dir=_runs_dir(args.runs_dir))
     except DataError as err:
         raise InputError(f"{args.file}: {err}") from None
     return 0
@@ -166,10 +199,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         assert isinstance(ms, api.ModelService)
         label = args.file
         try:
-            model = local.resolve_model(ms.wire(), runs_dir=Path(args.runs_dir))
+            model = local.resolve_model(ms, runs_dir=Path(args.runs_dir))
         except FileNotFoundError as err:
             raise InputError(f"{label}: {err}") from None
         route_prefix = ms.spec.route_prefix
+    if "://" in model and not model.startswith(SERVABLE_SCHEMES):
+        raise InputError(
+            f"--model {model}: rayship serve reads a model from a local path or {', '.join(SERVABLE_SCHEMES)}; "
+            "copy it to one of those"
+        )
     try:
         local.serve(model, port=args.port, route_prefix=route_prefix)
     except (FileNotFoundError, ValueError) as err:  # not a directory / not a rayship model
@@ -183,7 +221,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     doc = _one_trainingjob(args.file)
     try:
-        local.demo(doc, runs_dir=Path(args.runs_dir), port=args.port)
+        local.demo(doc, runs_dir=_runs_dir(args.runs_dir), port=args.port)
     except DataError as err:
         raise InputError(f"{args.file}: {err}") from None
     return 0
@@ -234,14 +272,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     source.add_argument("--model", help="model URI: a path, PVC path or s3:// prefix (see `rayship run`)")
     p.add_argument("--runs-dir", default="rayship-runs", help="where `rayship run` left its results")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port on 127.0.0.1")
-    p.add_argument("--route-prefix", default="/", help="route prefix, e.g. /mnist")
+    p.add_argument("--port", type=_port, default=8000, help="HTTP port on 127.0.0.1")
+    p.add_argument("--route-prefix", type=_route_prefix, default="/", help="route prefix, e.g. /mnist")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("demo", help="train a TrainingJob locally, serve the model, query it once, shut down")
     p.add_argument("-f", "--file", required=True, help="TrainingJob YAML/JSON file")
     p.add_argument("--runs-dir", default="rayship-runs", help="where checkpoints, metrics and the model go")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port on 127.0.0.1 for the demo service")
+    p.add_argument("--port", type=_port, default=8000, help="HTTP port on 127.0.0.1 for the demo service")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("generate", help="write the CRDs and manifests generated from the API models")
@@ -266,8 +304,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}".replace("\n", "\nerror: "), file=sys.stderr)
         return EXIT_INVALID
     except (ValidationError, SettingsError) as err:  # RAYSHIP_* environment variables
-        print(f"error: invalid RAYSHIP_* configuration:\n{err}", file=sys.stderr)
+        for line in config_problems(err):
+            print(f"error: {line}", file=sys.stderr)
         return EXIT_INVALID
+
+
+def config_problems(err: ValidationError | SettingsError) -> list[str]:
+    """One line per bad RAYSHIP_* variable, naming it (not pydantic's multi-line dump)."""
+    if isinstance(err, ValidationError):
+        return [
+            f"RAYSHIP_{str(e['loc'][0]).upper()}: {e['msg'][0].lower()}{e['msg'][1:]} (got {e.get('input')!r})"
+            for e in err.errors(include_url=False)
+        ]
+    found = re.search(r'field "(\w+)"', str(err))
+    name = f"RAYSHIP_{found.group(1).upper()}" if found else "RAYSHIP_*"
+    return [f"{name}: not valid JSON ({err.__cause__ or err})"]
 
 
 if __name__ == "__main__":

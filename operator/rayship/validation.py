@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -94,6 +94,24 @@ def problems(model: type[BaseModel], err: ValidationError) -> list[str]:
     return [_describe(model, e) for e in err.errors(include_url=False)]
 
 
+INT64 = (-(2**63), 2**63 - 1)
+
+
+def _out_of_int64(value: Any, path: str) -> Iterator[str]:
+    """Paths of integers Kubernetes cannot store (int64), anywhere in a document."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, bool):
+            continue
+        if isinstance(item, int) and not INT64[0] <= item <= INT64[1]:
+            yield f"{where}: integer out of range: it must fit in 64 bits (-2^63 to 2^63-1)"
+        elif isinstance(item, Mapping):
+            stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+
+
 def parse(doc: Any, *, local: bool = False) -> api.ApiModel:
     """Validate one document (a parsed YAML/JSON object) against the rayship API.
 
@@ -105,13 +123,18 @@ def parse(doc: Any, *, local: bool = False) -> api.ApiModel:
             ]
         )
     kinds = ", ".join(api.KIND_BY_NAME)
-    kind = api.KIND_BY_NAME.get(doc.get("kind"))  # type: ignore[arg-type]
+    given = doc.get("kind")
+    kind = api.KIND_BY_NAME.get(given) if isinstance(given, str) else None
     if kind is None:
-        raise SpecError([f"kind: {doc.get('kind')!r} is not a rayship kind; expected one of: {kinds}"])
+        shown = repr(given) if len(repr(given)) < 80 else f"{repr(given)[:77]}..."
+        raise SpecError([f"kind: {shown} is not a rayship kind; expected one of: {kinds}"])
     if doc.get("apiVersion") != api.API_VERSION:
         raise SpecError(
             [f"apiVersion: {doc.get('apiVersion')!r} is not served; use apiVersion: {api.API_VERSION}"]
         )
+    huge = sorted(_out_of_int64(doc, ""))
+    if huge:
+        raise SpecError(huge)
     try:
         return kind.model.model_validate(doc, context={"local": local})
     except ValidationError as err:

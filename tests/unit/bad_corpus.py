@@ -146,10 +146,126 @@ SPEC_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
     ("name-too-long", _set("metadata.name", "x" * 64), "metadata.name"),
     ("name-uppercase", _set("metadata.name", "MyJob"), "metadata.name"),
     ("trainer-not-mapping", _set("spec.trainer", "mlp"), "spec.trainer"),
+    # What the API server or the kubelet would reject later (issue: hardening), rejected at apply time:
+    (
+        "toleration-exists-with-value",
+        _set("spec.workers.tolerations", [{"key": "a", "operator": "Exists", "value": "x"}]),
+        "spec.workers.tolerations[0]",
+    ),
+    (
+        "toleration-seconds-without-noexecute",
+        _set("spec.workers.tolerations", [{"key": "a", "operator": "Exists", "tolerationSeconds": 30}]),
+        "spec.workers.tolerations[0]",
+    ),
+    (
+        "toleration-bad-key",
+        _set("spec.workers.tolerations", [{"key": "bad key!", "operator": "Exists"}]),
+        "key",
+    ),
+    ("toleration-bad-value", _set("spec.workers.tolerations", [{"key": "a", "value": "b c"}]), "value"),
+    (
+        "toleration-equal-without-key",
+        _set("spec.workers.tolerations", [{"value": "x"}]),
+        "spec.workers.tolerations[0]",
+    ),
+    ("node-selector-bad-key", _set("spec.workers.nodeSelector", {"bad key": "x"}), "spec.workers"),
+    (
+        "node-selector-bad-value",
+        _set("spec.workers.nodeSelector", {"zone": "a b"}),
+        "spec.workers.nodeSelector",
+    ),
+    (
+        "secret-ref-bad-name",
+        _set("spec.env", [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "Bad_Name", "key": "k"}}}]),
+        "secretKeyRef.name",
+    ),
+    (
+        "secret-ref-bad-key",
+        _set("spec.env", [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "a/b"}}}]),
+        "secretKeyRef.key",
+    ),
+    ("cpu-below-1m", _set("spec.workers.cpusPerWorker", 0.0001), "spec.workers.cpusPerWorker"),
+    ("memory-zero", _set("spec.workers.memoryPerWorker", "0"), "memoryPerWorker must be at least 64Mi"),
+    ("memory-milli", _set("spec.workers.memoryPerWorker", "1m"), "spec.workers.memoryPerWorker"),
+    ("memory-half-byte", _set("spec.workers.memoryPerWorker", "0.5"), "memoryPerWorker must be at least"),
+    ("memory-100ki", _set("spec.head.memory", "100Ki"), "memory must be at least 64Mi"),
+    ("memory-beyond-int64", _set("spec.workers.memoryPerWorker", "9Ei"), "below 8Ei"),
+    ("image-with-space", _set("spec.image", "my image:1"), "spec.image"),
+    (
+        "mount-path-dev-shm",
+        _set("spec.checkpoint.storage", {"pvc": {"claimName": "c", "mountPath": "/dev/shm"}}),
+        "spec.checkpoint.storage.pvc",
+    ),
+    (
+        "tune-epochs-below-1",
+        _set("spec.tuning", {"searchSpace": {"epochs": {"distribution": "randint", "low": 0, "high": 5}}}),
+        "epochs and batchSizePerWorker ranges start at 1",
+    ),
+    (
+        "tune-randint-floats",
+        _set(
+            "spec.tuning", {"searchSpace": {"config.h": {"distribution": "randint", "low": 0.5, "high": 3.5}}}
+        ),
+        "randint needs whole-number",
+    ),
+    (
+        "tune-empty-config-key",
+        _set("spec.tuning", {"searchSpace": {"config.": {"distribution": "uniform", "low": 0, "high": 1}}}),
+        "searchSpace keys must be",
+    ),
+    (
+        "tune-lr-range-not-positive",
+        _set(
+            "spec.tuning",
+            {"searchSpace": {"learningRate": {"distribution": "uniform", "low": -1, "high": 1}}},
+        ),
+        "a learningRate range starts above 0",
+    ),
+]
+
+# Rejected by rayship (the CLI and the operator: phase Invalid) though no CRD rule can say it: the
+# API server's CEL cannot type a list of any JSON, measure an object, or see integers past int64.
+RAYSHIP_ONLY_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
+    (
+        "tune-lr-choice-of-junk",
+        _set(
+            "spec.tuning",
+            {"searchSpace": {"learningRate": {"distribution": "choice", "values": [-1, "x", None]}}},
+        ),
+        "searchSpace.learningRate.values",
+    ),
+    (
+        "tune-choice-without-values",
+        _set("spec.tuning", {"searchSpace": {"config.h": {"distribution": "choice"}}}),
+        "choice needs a non-empty values list",
+    ),
+    ("int-beyond-int64", _set("spec.trainer.config", {"x": 2**63}), "spec.trainer.config.x"),
+    ("spec-over-64kib", _set("spec.trainer.config", {"blob": "x" * 70_000}), "bytes serialized"),
 ]
 
 # Documents the CLI must reject before any field is looked at: (id, file text, expected message part)
 TEXT_CASES: list[tuple[str, str, str]] = [
+    (
+        "duplicate-key",
+        "apiVersion: rayship.dev/v1alpha1\nkind: TrainingJob\nkind: ModelService\n",
+        "duplicate key 'kind'",
+    ),
+    ("nested-1000-deep", "a: " + "[" * 1000 + "]" * 1000 + "\n", "nested more than 64 levels"),
+    ("5000-digit-integer", "a: " + "9" * 5000 + "\n", "a value cannot be read"),
+    (
+        "billion-laughs",
+        "a: &a [x,x,x,x,x,x,x,x,x]\n"
+        + "".join(
+            f"{chr(98 + i)}: &{chr(98 + i)} [" + ",".join([f"*{chr(97 + i)}"] * 9) + "]\n" for i in range(8)
+        ),
+        "more than 64 aliases",
+    ),
+    (
+        "kind-is-a-list",
+        "apiVersion: rayship.dev/v1alpha1\nkind: [TrainingJob]\n",
+        "kind: ['TrainingJob'] is not a rayship kind",
+    ),
+    ("over-4-mib", "a: " + "x" * (4 * 1024 * 1024 + 1) + "\n", "larger than 4 MiB"),
     ("not-yaml", "apiVersion: [unclosed\n", "not valid YAML at line"),
     ("empty-file", "", "no documents found"),
     ("only-comments", "# nothing here\n", "no documents found"),

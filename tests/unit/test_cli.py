@@ -14,7 +14,7 @@ import yaml
 
 from rayship import cli
 from tests.conftest import SAMPLES
-from tests.unit.bad_corpus import SPEC_CASES, TEXT_CASES
+from tests.unit.bad_corpus import RAYSHIP_ONLY_CASES, SPEC_CASES, TEXT_CASES
 
 SAMPLE = SAMPLES / "trainingjob-ddp.yaml"
 
@@ -47,7 +47,11 @@ def test_render_multi_document_file(tmp_path: Path, capsys) -> None:
     assert rayjobs == ["mlp-ddp", "second"]
 
 
-@pytest.mark.parametrize(("case", "mutate", "field"), SPEC_CASES, ids=[c[0] for c in SPEC_CASES])
+@pytest.mark.parametrize(
+    ("case", "mutate", "field"),
+    SPEC_CASES + RAYSHIP_ONLY_CASES,
+    ids=[c[0] for c in SPEC_CASES + RAYSHIP_ONLY_CASES],
+)
 def test_bad_spec_names_the_field(case: str, mutate, field: str, tmp_path: Path, capsys) -> None:
     doc = yaml.safe_load(SAMPLE.read_text())
     mutate(doc)
