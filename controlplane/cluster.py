@@ -945,8 +945,18 @@ class ChartError(RuntimeError):
     """`helm install` of the rayship chart failed (the cluster itself is up)."""
 
 
-def _helm_install_rayship(paths: Paths) -> None:
-    """`helm install rayship charts/rayship -n rayship-system --create-namespace`, unless deployed.
+def _chart_digest() -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(p for p in CHART.rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(CHART)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _helm_install_rayship(paths: Paths, state: State) -> None:
+    """`helm install rayship charts/rayship -n rayship-system --create-namespace`, unless deployed;
+    `helm upgrade` when the chart (its CRDs included: they are templates) changed since.
 
     A release left failed by an earlier attempt is uninstalled first. Raises ChartError.
     """
@@ -961,8 +971,26 @@ def _helm_install_rayship(paths: Paths) -> None:
     status = _run(
         [*helm, "status", RAYSHIP_RELEASE, "-n", RAYSHIP_NAMESPACE, "-o", "json"], check=False, env=env
     )
+    digest = _chart_digest()
     if status.returncode == 0:
         if json.loads(status.stdout).get("info", {}).get("status") == "deployed":
+            if state.digests.get("chart") == digest:
+                return
+            log(f"{CHART} may have changed since it was installed: helm upgrade")
+            upgrade = [
+                *helm,
+                "upgrade",
+                RAYSHIP_RELEASE,
+                str(CHART),
+                "-n",
+                RAYSHIP_NAMESPACE,
+                "--rollback-on-failure",
+                "--wait",
+            ]  # fmt: skip  (a failed upgrade keeps the release)
+            result = _run([*upgrade, "--timeout", "120s"], check=False, env=env)
+            if result.returncode != 0:
+                raise ChartError(f"helm upgrade failed:\n{(result.stdout + result.stderr).strip()}")
+            state.digests["chart"] = digest
             return
         _run([*helm, "uninstall", RAYSHIP_RELEASE, "-n", RAYSHIP_NAMESPACE, "--wait"], check=False, env=env)
     install = [*helm, "install", RAYSHIP_RELEASE, str(CHART), "-n", RAYSHIP_NAMESPACE, "--create-namespace"]
@@ -971,6 +999,7 @@ def _helm_install_rayship(paths: Paths) -> None:
         raise ChartError(
             f"helm install {RAYSHIP_RELEASE} {CHART} failed:\n{(result.stdout + result.stderr).strip()}"
         )
+    state.digests["chart"] = digest
 
 
 # --- the rayship operator ---------------------------------------------------------------------------
@@ -1160,7 +1189,7 @@ def up(operator: bool | None = True, paths: Paths | None = None) -> Cluster:
             started = True
         t1 = time.monotonic()
         try:
-            _helm_install_rayship(paths)
+            _helm_install_rayship(paths, state)
             state.chart_error = None
         except ChartError as err:
             state.chart_error = str(err)

@@ -10,6 +10,10 @@ kwok makes a head pod (label ray.io/node-type=head) Running with a pod IP but NO
 * anywhere else (e.g. the operator tier's namespaces) it marks the pod Ready at once: the simulated
   behaviour, nothing answers at the pod IP.
 
+Worker pods stay simulated (kwok's). In a namespace with real heads, a worker that a RayService's
+Serve Service selects (label ray.io/serve=true) is made not Ready, as its readiness probe (the Serve
+proxy's health) would fail: nothing runs there, so the Service's only endpoint is the head.
+
 The pod's network namespace `rsp-<pod uid>`: a veth pair from `rayship-pods` (`rsp-<uid[:8]>` there,
 `eth0` in the pod), the pod IP/32 on eth0 with a default route via 169.254.244.2; in `rayship-pods`
 the route `<pod IP>/32 dev rsp-<uid[:8]> table local` (more specific than the local /16 that refuses
