@@ -76,6 +76,8 @@ def render_documents(docs: list[tuple[str, Any]], config: OperatorConfig) -> lis
             errors.extend(f"{label}: {p}" for p in err.problems)
             continue
         if isinstance(obj, api.TrainingJob):
+            for warning in trainingjob.secret_looking_env(obj):
+                print(f"warning: {label}: {warning}", file=sys.stderr)
             objects.extend(trainingjob.render_trainingjob(obj, config))
         elif isinstance(obj, api.ModelService):
             volume = obj.spec.storage.pvc if obj.spec.storage else None

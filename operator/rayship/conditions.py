@@ -70,6 +70,7 @@ class Plan:
     prerequisites: tuple[dict[str, Any], ...] = ()
     on_create: Event | None = None
     on_patch: Event | None = None
+    warnings: tuple[Event, ...] = ()  # posted along with on_create
     context: Any = None
     # Set by the reconcile loop when the API server refused the plan for good (a 400/422, or an
     # object of the same name it does not own): (phase, reason, message).

@@ -256,6 +256,8 @@ def _carry_out(
                 raise k8s.Busy(describe_foreign(child, ctl.child[2], how))
             raise k8s.Rejected("Failed", "NameTaken", describe_foreign(child, ctl.child[2], how))
         _post(owner, todo.on_create)
+        for warning in todo.warnings:
+            _post(owner, warning)
     if todo.patch is not None and child is not None:
         child = k8s.patch(ctl.child, namespace, todo.child_name, todo.patch)
         _post(owner, todo.on_patch)

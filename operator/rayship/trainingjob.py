@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -50,16 +52,40 @@ def resolved_spec(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]
 
 
 def workload_document(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
-    """The TrainingJob handed to `python -m rayship_workloads.job --spec` (same YAML, resolved)."""
+    """The TrainingJob handed to `python -m rayship_workloads.job --spec` (same YAML, resolved),
+    without `env`: the pods already have it, and the entrypoint is shown in Ray's job list and
+    dashboard, so no env value (a token pasted as a plain value) travels in it."""
     meta = {"name": tj.metadata.name}
     if tj.metadata.namespace:
         meta["namespace"] = tj.metadata.namespace
-    return {
-        "apiVersion": api.API_VERSION,
-        "kind": "TrainingJob",
-        "metadata": meta,
-        "spec": resolved_spec(tj, config),
-    }
+    spec = resolved_spec(tj, config)
+    spec.pop("env", None)
+    return {"apiVersion": api.API_VERSION, "kind": "TrainingJob", "metadata": meta, "spec": spec}
+
+
+def applied_record(spec: dict[str, Any]) -> str:
+    """The launched spec as recorded on the RayJob (to tell later edits apart), env values replaced
+    by a digest: an edit is still seen, a value is never stored in an annotation."""
+    record = dict(spec)
+    record["env"] = [
+        {**e, "value": "sha256:" + hashlib.sha256(e["value"].encode()).hexdigest()[:16]}
+        if "value" in e
+        else e
+        for e in spec.get("env") or []
+    ]
+    return canonical_json(record)
+
+
+SECRET_NAME = re.compile(r"(?i)(pass(word)?|secret|token|api_?key|access_?key|private_?key|credential)")
+
+
+def secret_looking_env(tj: api.TrainingJob) -> list[str]:
+    """Plain `env[].value`s whose names say they hold a secret: they belong in a Secret."""
+    return [
+        f"spec.env[{i}] {e.name}: a plain value that looks like a secret; use valueFrom.secretKeyRef"
+        for i, e in enumerate(tj.spec.env)
+        if e.value is not None and SECRET_NAME.search(e.name)
+    ]
 
 
 def train_entrypoint(tj: api.TrainingJob, config: OperatorConfig) -> str:
@@ -174,7 +200,7 @@ def build_rayjob(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
     metadata["labels"] = dict(labels)
     if spec.scheduling.queue:
         metadata["labels"][names.LABEL_KUEUE_QUEUE] = spec.scheduling.queue
-    metadata["annotations"] = {names.ANNOTATION_SPEC: canonical_json(tj.spec.wire())}
+    metadata["annotations"] = {names.ANNOTATION_SPEC: applied_record(tj.spec.wire())}
     return {"apiVersion": pods.RAY_API_VERSION, "kind": "RayJob", "metadata": metadata, "spec": rayjob_spec}
 
 
@@ -281,11 +307,12 @@ def plan(
             create=created,
             prerequisites=tuple(rbac),
             on_create=Event("Normal", "RayJobCreated", f"created RayJob {rayjob_name}"),
+            warnings=tuple(Event("Warning", "PlainSecretValue", w) for w in secret_looking_env(tj)),
             context=observed,
         )
 
     launched = applied_spec(rayjob)
-    wanted = tj.spec.wire()
+    wanted = json.loads(applied_record(tj.spec.wire()))  # compared as recorded: env values digested
     if launched is None:  # not rendered by rayship: report, never overwrite
         return Plan(rayjob_name, context=replace(observed, unapplied=("(RayJob not managed by rayship)",)))
     edits = spec_edits(launched, wanted)
@@ -295,7 +322,7 @@ def plan(
     if mutable:
         launched.update({p: wanted[p] for p in mutable})
         patch = {
-            "metadata": {"annotations": {names.ANNOTATION_SPEC: canonical_json(launched)}},
+            "metadata": {"annotations": {names.ANNOTATION_SPEC: applied_record(launched)}},
             "spec": {p: wanted[p] for p in mutable},
         }
     unapplied = tuple(p for p in edits if p not in mutable)

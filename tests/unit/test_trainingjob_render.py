@@ -274,3 +274,25 @@ def test_operator_config_reads_environment(monkeypatch) -> None:
     monkeypatch.setenv("RAYSHIP_GPU_NODE_SELECTOR", '{"accelerator": "a100"}')
     config = OperatorConfig()
     assert config.default_image == "env/img:2" and config.gpu_node_selector == {"accelerator": "a100"}
+
+
+def test_no_env_value_travels_in_the_entrypoint_or_the_annotation() -> None:
+    """The entrypoint shows in Ray's job list and dashboard, the annotation to anyone who reads the
+    RayJob: env values stay in the pod spec (where a Secret reference belongs)."""
+    doc = load(SAMPLES / "trainingjob-ddp.yaml")
+    doc["spec"]["env"] = [{"name": "WANDB_API_KEY", "value": "hunter2-very-secret"}]
+    tj = parse_trainingjob(doc)
+    rayjob = trainingjob.build_rayjob(tj, CONFIG)
+    assert "hunter2" not in rayjob["spec"]["entrypoint"]
+    assert "hunter2" not in json.dumps(rayjob["metadata"]["annotations"])
+    assert trainingjob.secret_looking_env(tj) == [
+        "spec.env[0] WANDB_API_KEY: a plain value that looks like a secret; use valueFrom.secretKeyRef"
+    ]
+    # An edit of the value is still seen (the annotation keeps a digest).
+    rayjob["metadata"]["ownerReferences"] = [
+        {"uid": "u", "kind": "TrainingJob", "name": "mlp-ddp", "controller": True}
+    ]
+    edited = copy.deepcopy(doc)
+    edited["spec"]["env"][0]["value"] = "another"
+    edited["metadata"]["uid"] = "u"
+    assert trainingjob.plan(edited, rayjob, None, CONFIG).context.unapplied == ("env",)
