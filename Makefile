@@ -116,6 +116,6 @@ verify: setup ## fail if generated files are stale
 	$(BIN)/rayship generate --check
 
 lint: setup ## ruff lint + format check, mypy over operator/ and workloads/
-	$(BIN)/ruff check operator workloads tests tools
-	$(BIN)/ruff format --check operator workloads tests tools
+	$(BIN)/ruff check operator workloads tests tools controlplane bench
+	$(BIN)/ruff format --check operator workloads tests tools controlplane bench
 	$(BIN)/mypy
