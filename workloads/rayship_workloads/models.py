@@ -6,7 +6,8 @@ An exported model is a directory (a path, PVC path or s3:// prefix) holding
 
 plus what the recipe's `export` writes beside it (`recipes.py`: the mlp's `model.pt` state_dict, a
 causal-lm's Hugging Face save_pretrained() directory). The manifest's `recipe` names the registry
-record that loads it back.
+record that loads it back. An exported model also holds `rayship-digest.json` (`integrity`), checked
+before the model is loaded.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rayship_workloads import recipes, storage
+from rayship_workloads import integrity, recipes, storage
 
 FORMAT = "rayship-model/v1"
 MANIFEST = "rayship-model.json"
@@ -50,6 +51,7 @@ def export(directory: Path, recipe: str, setup: recipes.ModelSetup, state: dict[
 def load(uri: str) -> tuple[recipes.Servable, dict[str, Any]]:
     """An exported model (local, PVC or s3://) ready to serve, in eval mode on the CPU; and its manifest."""
     directory = storage.fetch_dir(uri)
+    integrity.verify_model(uri, directory)
     manifest = read_manifest(directory)
     servable = recipes.get(manifest["recipe"]).load(directory, manifest)
     servable.model.eval()

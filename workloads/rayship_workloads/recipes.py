@@ -36,7 +36,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from rayship import api
-from rayship_workloads import data, strategies
+from rayship_workloads import data, integrity, strategies
 from rayship_workloads.strategies import Strategy
 
 TrainLoop = Callable[[dict[str, Any]], None]
@@ -98,20 +98,43 @@ def checkpoint_name(epoch: int) -> str:
     return f"epoch-{epoch:05d}"
 
 
-def resume(strategy: Strategy) -> tuple[int, int]:
-    """(epoch, step) of the latest checkpoint, after loading it; (0, 0) when starting fresh."""
+@dataclass(frozen=True)
+class Run:
+    """Where a loop's checkpoints live (`config["rayship"]`): what it may load, and its key (`integrity`)."""
+
+    storage_root: str
+    run_name: str
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> Run:
+        return cls(config["rayship"]["storage_root"], config["rayship"]["run_name"])
+
+    def key(self) -> bytes:
+        return integrity.load_key(self.storage_root, self.run_name)
+
+
+def resume(strategy: Strategy, run: Run) -> tuple[int, int]:
+    """(epoch, step) of the latest checkpoint, after verifying (`integrity`: under this run's storage,
+    every file as this run signed it) and loading it; (0, 0) when starting fresh."""
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:
         return 0, 0
+    integrity.check_inside(checkpoint.path, run.storage_root, run.run_name)
     with checkpoint.as_directory() as directory:
+        name = Path(checkpoint.path).name
+        integrity.verify(Path(directory), run.key(), run=run.run_name, name=name)
         strategy.load(Path(directory))
         state = json.loads((Path(directory) / STATE).read_text())
     return int(state["epoch"]), int(state["step"])
 
 
-def report(strategy: Strategy, *, epoch: int, step: int, metrics: dict[str, float], save: bool) -> None:
-    """Report this epoch's metrics from every rank, with a checkpoint when `save`."""
-    rank = ray.train.get_context().get_world_rank()
+def report(
+    strategy: Strategy, run: Run, *, epoch: int, step: int, metrics: dict[str, float], save: bool
+) -> None:
+    """Report this epoch's metrics from every rank, with a checkpoint when `save` (each rank's files
+    and, last, its signed digest)."""
+    context = ray.train.get_context()
+    rank = context.get_world_rank()
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = None
         if save:
@@ -120,8 +143,15 @@ def report(strategy: Strategy, *, epoch: int, step: int, metrics: dict[str, floa
                 (Path(tmp) / STATE).write_text(
                     json.dumps({"epoch": epoch, "step": step, "strategy": strategy.name})
                 )
-            if any(Path(tmp).iterdir()):
-                checkpoint = ray.train.Checkpoint.from_directory(tmp)
+            integrity.sign(
+                Path(tmp),
+                run.key(),
+                run=run.run_name,
+                name=checkpoint_name(epoch),
+                rank=rank,
+                world_size=context.get_world_size(),
+            )
+            checkpoint = ray.train.Checkpoint.from_directory(tmp)
         ray.train.report(
             {"epoch": epoch, "step": step, **metrics},
             checkpoint=checkpoint,
@@ -132,6 +162,7 @@ def report(strategy: Strategy, *, epoch: int, step: int, metrics: dict[str, floa
 def run_epochs(
     strategy: Strategy,
     spec: api.TrainingJobSpec,
+    run: Run,
     *,
     start_epoch: int,
     step: int,
@@ -147,7 +178,8 @@ def run_epochs(
             strategy.step(loss)
             total, batches, step = total + loss.item(), batches + 1, step + 1
         metrics = {"loss": total / max(batches, 1), "resumed_from_epoch": start_epoch}
-        report(strategy, epoch=epoch, step=step, metrics=metrics, save=epoch % every == 0 or epoch == epochs)
+        save = epoch % every == 0 or epoch == epochs
+        report(strategy, run, epoch=epoch, step=step, metrics=metrics, save=save)
         if on_epoch_end is not None:
             on_epoch_end(epoch)
 
@@ -205,7 +237,7 @@ def mlp_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None) -> N
     strategy = strategies.create(spec.trainer, build_mlp(rayship["model_config"]))
 
     # [3] resume from the latest checkpoint, if this run has one
-    start_epoch, step = resume(strategy)
+    start_epoch, step = resume(strategy, Run.of(config))
 
     # [4] train, and report every epoch (checkpointing every `everyEpochs` and at the end)
     def losses() -> Iterator[torch.Tensor]:
@@ -214,7 +246,15 @@ def mlp_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None) -> N
             y = batch[label].to(device).unsqueeze(1)
             yield F.mse_loss(strategy.model(x).float(), y)
 
-    run_epochs(strategy, spec, start_epoch=start_epoch, step=step, losses=losses, on_epoch_end=on_epoch_end)
+    run_epochs(
+        strategy,
+        spec,
+        Run.of(config),
+        start_epoch=start_epoch,
+        step=step,
+        losses=losses,
+        on_epoch_end=on_epoch_end,
+    )
 
 
 def export_mlp(directory: Path, setup: ModelSetup, state: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -310,7 +350,7 @@ def causal_lm_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None
     strategy = strategies.create(spec.trainer, build_causal_lm(rayship["model_config"]))
 
     # [3] resume from the latest checkpoint, if this run has one
-    start_epoch, step = resume(strategy)
+    start_epoch, step = resume(strategy, Run.of(config))
 
     # [4] train, and report every epoch
     def losses() -> Iterator[torch.Tensor]:
@@ -318,7 +358,15 @@ def causal_lm_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None
             inputs = {k: v.to(device) for k, v in tokens([str(t) for t in batch[data.TEXT]]).items()}
             yield strategy.model(**inputs).loss
 
-    run_epochs(strategy, spec, start_epoch=start_epoch, step=step, losses=losses, on_epoch_end=on_epoch_end)
+    run_epochs(
+        strategy,
+        spec,
+        Run.of(config),
+        start_epoch=start_epoch,
+        step=step,
+        losses=losses,
+        on_epoch_end=on_epoch_end,
+    )
 
 
 def export_causal_lm(directory: Path, setup: ModelSetup, state: dict[str, torch.Tensor]) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 `build_trainer` makes a Ray Train `TorchTrainer` (DDP or DeepSpeed) for the job's recipe or own loop,
 with checkpoints under `<storage root>/<run name>/` (a new driver with the same run name resumes from
 the latest one); `train` fits it and exports the final (and the best) model in the serving layout
-(`models`) to `<storage root>/<run name>/model`. The driver (`job`) decides the storage root and
+(`models`) to `<storage root>/<run name>/model`. Checkpoints and models are signed and verified
+before they are loaded (`integrity`: the trust boundary of shared checkpoint storage). The driver (`job`) decides the storage root and
 where progress goes (the `callbacks`); `tune` builds one trainer per trial.
 """
 
@@ -25,7 +26,7 @@ from ray.train.v2.api.config import CheckpointConfig, FailureConfig, LoggingConf
 from ray.train.v2.torch.torch_trainer import TorchTrainer
 
 from rayship import api
-from rayship_workloads import data, models, progress, recipes, redact, storage, strategies
+from rayship_workloads import data, integrity, models, progress, recipes, redact, storage, strategies
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ def build_trainer(
     spec = tj.spec
     workers = spec.workers
     prepared = prepare(tj, storage_root=storage_root, name=name)
+    integrity.ensure_key(storage_root, prepared.run_name)  # at the first attempt; the loops sign with it
     gpus = workers.gpus_per_worker
     resources: dict[str, float] = {"CPU": 1, "GPU": gpus} if gpus else {"CPU": 1}  # spare CPUs feed Ray Data
     trainer = TorchTrainer(
@@ -126,9 +128,13 @@ def export(
     if checkpoint is None or prepared.recipe is None:
         return None
     target = storage.join(prepared.storage_root, prepared.run_name, name)
+    integrity.check_inside(checkpoint.path, prepared.storage_root, prepared.run_name)
+    key = integrity.load_key(prepared.storage_root, prepared.run_name)
     with checkpoint.as_directory() as directory, tempfile.TemporaryDirectory() as tmp:
+        integrity.verify(Path(directory), key, run=prepared.run_name, name=Path(checkpoint.path).name)
         state = strategies.full_state_dict(Path(directory), tj.spec.trainer.strategy)
         models.export(Path(tmp), prepared.recipe.name, prepared.setup, state)
+        integrity.sign(Path(tmp), key, run=prepared.run_name, name=name, model=True)
         storage.upload_dir(Path(tmp), target)
     return target
 
