@@ -268,3 +268,32 @@ def test_kubectl_explain_prints_the_field_documentation(cluster) -> None:
     out = cluster.kubectl("explain", "trainingjob.spec.workers").stdout
     assert "GPU worker group" in out  # the field's description, from the API models
     assert "gpusPerWorker" in out and "gpuProduct" in out and "GPUs per worker pod" in out
+
+
+def test_state_converges_without_any_event_by_the_resync(kube: Kube, cluster) -> None:
+    """A status no event will correct (an event or the API call after it lost): the resync timer
+    reconciles it back from the RayJob."""
+    from controlplane import cluster as controlplane
+
+    controlplane.stop_operator()
+    controlplane.start_operator(extra_env={"RAYSHIP_RESYNC_SECONDS": "5"})
+    try:
+        kube.pvc()
+        kube.create(TJ, sample("drift"))
+        rayjob_of(kube, "drift")
+        truth = wait_for(
+            lambda: (s := kube.status(TJ, "drift")).get("rayClusterName") and s, 60, what="status"
+        )
+        group, version, plural = TJ
+        kube.custom.patch_namespaced_custom_object_status(
+            group, version, kube.namespace, plural, "drift", {"status": {"phase": "Suspended", "gpus": 99}}
+        )  # a status change: no TrainingJob handler runs for it, no RayJob event comes
+        wait_for(
+            lambda: (
+                (s := kube.status(TJ, "drift")).get("phase") != "Suspended" and s.get("gpus") == truth["gpus"]
+            ),
+            30,
+            what="the resync to restore the status",
+        )
+    finally:
+        controlplane.stop_operator()  # the next test starts one with the chart's settings
