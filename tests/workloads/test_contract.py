@@ -34,14 +34,17 @@ def test_rendered_entrypoint_runs_the_workload_with_the_rendered_spec(ray_sessio
     assert callable(importlib.import_module(argv[2]).main)
     handed = json.loads(argv[4])
     loaded = job.load_trainingjob(argv[4])
-    assert loaded.spec.wire() == handed["spec"]  # the renderer hands over an already resolved spec
+    # the renderer hands over an already resolved spec, without `env` (the pods have it; no value in
+    # the entrypoint, which Ray's job list shows)
+    assert "env" not in handed["spec"]
+    assert loaded.spec.wire() == {**handed["spec"], "env": []}
     assert {k: getattr(loaded.metadata, k) for k in ("name", "namespace")} == handed["metadata"]
     assert tj.spec.checkpoint.storage is not None and tj.spec.checkpoint.storage.pvc is not None
     assert job.cluster_storage_root(loaded.spec) == tj.spec.checkpoint.storage.pvc.mount_path
     if loaded.spec.data.source == "synthetic":  # others read cluster paths that exist only there
         trainer, prepared = train.build_trainer(loaded, storage_root=str(tmp_path))
         assert prepared.storage_root == str(tmp_path) and trainer is not None
-        assert prepared.loop_config(loaded)["rayship"]["spec"] == handed["spec"]  # what own loops get
+        assert prepared.loop_config(loaded)["rayship"]["spec"] == loaded.spec.wire()  # what own loops get
 
 
 def test_the_driver_refuses_a_cluster_run_without_checkpoint_storage(tmp_path, capsys) -> None:
