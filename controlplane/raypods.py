@@ -461,10 +461,10 @@ class StandIn:
             f"{head.namespace}/{head.name}: Ray head pgid {head.pgid} at {head.ip} ({cpus} CPUs), log {logfile}"
         )
 
-    def stop(self, uid: str) -> None:
+    def stop(self, uid: str, timeout: float = 10.0) -> None:
         head = self.heads.pop(uid)
         if head.pgid:
-            stop_group(head.pgid, head.start_ticks)
+            stop_group(head.pgid, head.start_ticks, timeout)
         delete_pod_network(uid, head.ip)
         with contextlib.suppress(OSError):
             for f in ("token", "ca.crt", "namespace"):
@@ -555,8 +555,12 @@ class StandIn:
         self.shutdown()
 
     def shutdown(self) -> None:
+        for head in self.heads.values():  # all at once: each takes seconds to stop
+            if head.alive():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(head.pgid, signal.SIGTERM)
         for uid in list(self.heads):
-            self.stop(uid)
+            self.stop(uid, timeout=5)
 
 
 def _cpu_quantity(q: str) -> float:
