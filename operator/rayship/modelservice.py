@@ -349,6 +349,15 @@ def application_status(rayservice: Mapping[str, Any], app: str) -> Mapping[str, 
     return {}
 
 
+def _deployment_cause(app_status: Mapping[str, Any]) -> str:
+    """The last line of the first unhealthy deployment's message (e.g. the exception a replica raised)."""
+    for name, deployment in sorted((app_status.get("serveDeploymentStatuses") or {}).items()):
+        if deployment.get("status") in ("UNHEALTHY", "DEPLOY_FAILED") and deployment.get("message"):
+            lines = [line for line in str(deployment["message"]).strip().splitlines() if line.strip()]
+            return f"deployment {name}: {lines[-1].strip()}" if lines else ""
+    return ""
+
+
 def serving_phase(rayservice: Mapping[str, Any], app: str) -> tuple[str, str, str]:
     """(phase, reason, message) from a RayService's Ready condition and its application's status,
     through SERVING_TABLE."""
@@ -366,6 +375,9 @@ def serving_phase(rayservice: Mapping[str, Any], app: str) -> tuple[str, str, st
         message = app_message or str(
             ready_condition.get("message") or SERVING_DEFAULT_MESSAGE.get(app_status, "")
         )
+        cause = _deployment_cause(found)
+        if cause and cause not in message:
+            message = f"{message}: {cause}"  # Serve's application message rarely says why
     else:
         message = message.format(app=app_status or "starting")  # a table template, never Serve's text
     return phase, reason or str(ready_condition.get("reason") or "Deploying"), message

@@ -458,3 +458,22 @@ def test_a_uri_service_can_name_the_pvc_that_holds_the_model() -> None:
             "persistentVolumeClaim": {"claimName": "models", "readOnly": True},
         } in volumes
         assert {"name": "model", "mountPath": "/models", "readOnly": True} in mounts
+
+
+def test_a_failed_deployment_says_the_replicas_own_error() -> None:
+    rs = rayservice_with(False, "DEPLOY_FAILED")
+    rs["status"]["activeServiceStatus"]["applicationStatuses"]["mlp"].update(
+        message="Failed to update the deployments ['RayshipModel'].",
+        serveDeploymentStatuses={
+            "RayshipModel": {
+                "status": "DEPLOY_FAILED",
+                "message": "Traceback (most recent call last):\n  ...\nFileNotFoundError: /m/x: no such directory\n",
+            }
+        },
+    )
+    st = derive(load(), rs, tj("Succeeded", model="s3://m/v1"))
+    assert st["phase"] == "Failed"
+    assert by_type(st)["Ready"]["message"] == (
+        "Failed to update the deployments ['RayshipModel'].: "
+        "deployment RayshipModel: FileNotFoundError: /m/x: no such directory"
+    )
