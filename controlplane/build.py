@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -87,8 +88,14 @@ MODULES = (
 )
 
 
+def _user_home() -> Path:
+    """The account's home, not $HOME: tests point $HOME at short private folders (Ray's socket paths)
+    before the binaries are built, and the cache must stay the machine's one."""
+    return Path(pwd.getpwuid(os.getuid()).pw_dir)
+
+
 def cache_root() -> Path:
-    base = os.environ.get("RAYSHIP_CACHE") or str(Path.home() / ".cache" / "rayship")
+    base = os.environ.get("RAYSHIP_CACHE") or str(_user_home() / ".cache" / "rayship")
     return Path(base) / "controlplane"
 
 
@@ -127,6 +134,10 @@ def build_module(module: Module, log=print) -> float:
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "bin").mkdir(parents=True)
     env = dict(os.environ, GOTOOLCHAIN="local", CGO_ENABLED="0", GOFLAGS="-mod=readonly -buildvcs=false")
+    home = _user_home()  # Go's module and build caches too, whatever $HOME says
+    env.setdefault("GOPATH", str(home / "go"))
+    env.setdefault("GOMODCACHE", str(home / "go" / "pkg" / "mod"))
+    env.setdefault("GOCACHE", str(home / ".cache" / "go-build"))
     started = time.monotonic()
     for name, pkg in module.packages.items():
         cmd = ["nice", "-n", "10", _go(), "build", "-trimpath", f"-ldflags=-s -w {module.ldflags}".strip()]
