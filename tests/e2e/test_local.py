@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -167,6 +168,72 @@ def test_modelservice_serves_the_trained_model_through_the_api_servers_service_p
     flat = [y for row in served for y in row]
     assert flat == pytest.approx([y for row in expected for y in row], rel=1e-5, abs=1e-6), (served, expected)
     print(f"serving: Ready and predicting in {time.monotonic() - t0:.0f}s")
+
+
+def test_a_retrained_model_rolls_out_in_place_while_requests_keep_succeeding(
+    cluster, operator, kube: Kube
+) -> None:
+    """The service follows a new TrainingJob: only serveConfigV2 changes (an in-place Serve rollout
+    on the same Ray cluster); every request during it is answered; status.modelURI names the new
+    model only once Serve answers with it."""
+    from rayship_workloads.models import load_model
+
+    wait_for(lambda: phase(kube, MS, SERVING, "Ready") == "Ready", 300, what="the service from the last test")
+    old = kube.status(MS, SERVING)["modelURI"]
+    cluster_before = kube.status(RS, names.rayservice_name(SERVING))["activeServiceStatus"]["rayClusterName"]
+    doc = yaml.safe_load((SAMPLES / "kind-trainingjob-cpu.yaml").read_text())
+    doc["metadata"] = {"name": "mlp-cpu-v2", "namespace": kube.namespace}
+    doc["spec"]["trainer"]["learningRate"] = 0.05  # another model
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+    wait_for(lambda: phase(kube, TJ, "mlp-cpu-v2", "Succeeded") == "Succeeded", 300, what="the retraining")
+    new = kube.status(TJ, "mlp-cpu-v2")["checkpoint"]["model"]
+    assert new != old
+
+    net, manifest = load_model(str(on_host(kube, new)))
+    rows = [[0.05 * (i - j) for i in range(len(manifest["features"]))] for j in range(2)]
+    with torch.no_grad():
+        expected_new = [y for row in net(torch.tensor(rows, dtype=torch.float32)).tolist() for y in row]
+    path = (
+        f"/api/v1/namespaces/{kube.namespace}/services/{names.rayservice_name(SERVING)}-serve-svc:serve"
+        "/proxy/mlp/predict"
+    )
+    answers: list[tuple[str | None, list[float] | None]] = []  # (modelURI in status, prediction)
+    stop = threading.Event()
+
+    def load() -> None:  # requests all through the rollout
+        while not stop.is_set():
+            res = cluster.kubectl(
+                "create", "--raw", path, "-f", "-", input=json.dumps({"instances": rows}), check=False
+            )
+            uri = kube.status(MS, SERVING).get("modelURI")
+            flat = (
+                [y for row in json.loads(res.stdout)["predictions"] for y in row]
+                if res.returncode == 0
+                else None
+            )
+            answers.append((uri, flat))
+            time.sleep(0.2)
+
+    t0 = time.monotonic()
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    try:
+        kube.patch(MS, SERVING, {"spec": {"model": {"fromTrainingJob": {"name": "mlp-cpu-v2"}}}})
+        wait_for(
+            lambda: kube.status(MS, SERVING).get("modelURI") == new, 240, what="modelURI on the new model"
+        )
+        time.sleep(2)
+    finally:
+        stop.set()
+        worker.join(30)
+    failed = [a for a in answers if a[1] is None]
+    assert answers and not failed, f"{len(failed)} of {len(answers)} requests failed during the rollout"
+    # Once the status names the new model, Serve answers with it.
+    after = [flat for uri, flat in answers if uri == new]
+    assert after and after[-1] == pytest.approx(expected_new, rel=1e-5, abs=1e-6)
+    rs = kube.status(RS, names.rayservice_name(SERVING))
+    assert rs["activeServiceStatus"]["rayClusterName"] == cluster_before  # in place: same cluster
+    print(f"rollout: {len(answers)} requests answered, modelURI switched after {time.monotonic() - t0:.0f}s")
     kube.delete(MS, SERVING)  # frees the CPUs for what follows
     wait_for(lambda: kube.get(RS, names.rayservice_name(SERVING)) is None, 120, what="the RayService gone")
 
