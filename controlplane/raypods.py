@@ -74,7 +74,9 @@ MIN_CPUS, MAX_CPUS = 2, 4
 TOKEN_SECONDS = 24 * 3600
 SA_DIR = "/run/secrets/kubernetes.io/serviceaccount"  # /var/run is /run
 _META_KEY = re.compile(r"metadata\.(?P<map>labels|annotations)\['(?P<key>[^']+)'\]")
-HIDDEN = (ROOT / ".cluster", ROOT / "rayship-runs", Path("/tmp"), Path("/mnt"))
+REPO_HIDDEN = (ROOT / ".cluster", ROOT / "rayship-runs")
+SYSTEM_HIDDEN = (Path("/tmp"), Path("/mnt"))
+HIDDEN = REPO_HIDDEN + SYSTEM_HIDDEN
 
 
 def log(msg: str) -> None:
@@ -431,7 +433,18 @@ class StandIn:
         # they are bound where the pod mounts them.
         for i, (src, _, _) in enumerate(claims):
             lines += [f"mkdir -p /run/rayship-claims/{i}", f"mount --bind {q(src)} /run/rayship-claims/{i}"]
-        for hidden in HIDDEN:
+        # The checkout (its venv runs Ray) may itself live under a hidden folder (a clone in /tmp):
+        # hold it open too, hide the system folders, then put it back and hide its own data again.
+        under = next((h for h in SYSTEM_HIDDEN if ROOT.is_relative_to(h)), None)
+        if under is not None:
+            lines += ["mkdir -p /run/rayship-root", f"mount --bind {q(str(ROOT))} /run/rayship-root"]
+        for hidden in SYSTEM_HIDDEN:
+            lines.append(
+                f"if [ -d {q(str(hidden))} ]; then mount -t tmpfs rayship-hidden {q(str(hidden))}; fi"
+            )
+        if under is not None:
+            lines += [f"mkdir -p {q(str(ROOT))}", f"mount --bind /run/rayship-root {q(str(ROOT))}"]
+        for hidden in REPO_HIDDEN:
             lines.append(
                 f"if [ -d {q(str(hidden))} ]; then mount -t tmpfs rayship-hidden {q(str(hidden))}; fi"
             )
