@@ -170,6 +170,12 @@ def test_modelservice_serves_the_trained_model_through_the_api_servers_service_p
     print(f"serving: Ready and predicting in {time.monotonic() - t0:.0f}s")
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap (issue 9 §4.4): requests keep succeeding, but status.modelURI flips to the new "
+    "model while Serve still answers with the old one: KubeRay's status does not say which serve config "
+    "runs (it reads the application status before it submits); confirming from Serve itself is open",
+)
 def test_a_retrained_model_rolls_out_in_place_while_requests_keep_succeeding(
     cluster, operator, kube: Kube
 ) -> None:
