@@ -58,12 +58,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+if not __package__:  # run as a script by cluster.py: the checkout's controlplane package
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from controlplane.cluster import LINK_NS_IP, NETNS, _run, _start_ticks  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 VENV_BIN = ROOT / ".venv" / "bin"
 
-POD_NETNS = "rayship-pods"
-GATEWAY = "169.254.244.2"  # the `rayship-pods` end of the host link: the pods' default gateway
+POD_NETNS = NETNS
+GATEWAY = LINK_NS_IP  # the `rayship-pods` end of the host link: the pods' default gateway
 API_HOST, API_PORT = "169.254.244.1", 443  # the host end: cluster.py's API server forwarder
 RAY_PODS = "ray.io/node-type"  # head and worker pods of KubeRay
 NAMESPACE_LABEL, REAL = "rayship.dev/ray-heads", "real"
@@ -81,22 +85,6 @@ HIDDEN = REPO_HIDDEN + SYSTEM_HIDDEN
 
 def log(msg: str) -> None:
     print(f"{datetime.now().strftime('%H:%M:%S')} raypods: {msg}", flush=True)
-
-
-def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    res = subprocess.run(argv, capture_output=True, text=True)
-    if check and res.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({res.returncode}): {res.stdout}{res.stderr}")
-    return res
-
-
-def _start_ticks(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 def _now() -> str:
