@@ -77,6 +77,20 @@ class Plan:
     rejected: tuple[str, str, str] | None = None
 
 
+@dataclass(frozen=True)
+class Probe:
+    """A GET the reconcile loop makes through the API server's service proxy before deriving the
+    status (e.g. Serve's own application state from the Ray dashboard): pure data, no I/O.
+    `token` goes in the `x-ray-authorization` header (the API server proxy keeps that one)."""
+
+    service: str  # `<service>:<port name>`
+    path: str
+    token: str = ""
+
+    def __repr__(self) -> str:  # never log the token
+        return f"Probe({self.service!r}, {self.path!r})"
+
+
 # Container waiting reasons that mean the pod will not start by itself.
 STUCK_WAITING_REASONS = frozenset(
     {

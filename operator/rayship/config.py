@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rayship import __version__
@@ -45,6 +45,17 @@ class OperatorConfig(BaseSettings):
         ge=5,
         description="Every object is reconciled at least this often, so the state converges even when "
         "an event or an API call was lost.",
+    )
+    namespace: str = Field(
+        "",
+        description="Namespace the operator runs in (the chart sets it): the key its per-ModelService "
+        "Ray tokens are derived from is kept there, in the Secret rayship-ray-token-key.",
+    )
+    ray_token_key: SecretStr | None = Field(
+        None,
+        description="Key the Ray auth token of each ModelService's clusters is derived from. The "
+        "operator reads (or makes) it at startup from the Secret rayship-ray-token-key in its namespace; "
+        "set this only to manage the key yourself.",
     )
     wedged_seconds: float = Field(
         300, ge=30, description="Liveness fails when one reconcile has been running longer than this."

@@ -172,6 +172,12 @@ The operator's RBAC rules are generated from `operator/rayship/rbac.py` into
 `files/operator-rules.yaml` (a ClusterRole, or one Role per `watchNamespaces` entry). Each
 TrainingJob also gets its own ServiceAccount, Role and RoleBinding (created by the operator, owned
 by the TrainingJob): its Ray pods may `get`/`patch` that TrainingJob's `status` and nothing else.
+
+Secrets: the operator may `create` Secrets (each ModelService's Ray token, named in the RayService's
+`authOptions.secretName`) but read none, except `rayship-ray-token-key` in its own namespace
+(`files/operator-key-rules.yaml`), the key it derives those tokens from. With the token it reads
+Serve's own application state through the API server's service proxy (`services/proxy` `get`, as
+KubeRay does), to confirm which model Serve really serves before `status.modelURI` names it.
 """
 
 
@@ -185,6 +191,9 @@ def outputs(root: Path) -> dict[Path, str]:
     files[root / CHART / "files" / "operator-rules.yaml"] = HEADER.replace(
         "api.py", "rbac.py"
     ) + yaml.safe_dump(rbac.OPERATOR_RULES, sort_keys=False)
+    files[root / CHART / "files" / "operator-key-rules.yaml"] = HEADER.replace(
+        "api.py", "rbac.py"
+    ) + yaml.safe_dump(rbac.KEY_RULES, sort_keys=False)
     files[root / CHART / "values.schema.json"] = json.dumps(chart.values_schema(), indent=2) + "\n"
     files[root / CHART / "README.md"] = chart_readme()
     return files

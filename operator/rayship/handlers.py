@@ -15,9 +15,10 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import kopf
+from pydantic import SecretStr
 
 from rayship import api, k8s, metrics, modelservice, names, trainingjob
-from rayship.conditions import Event, Plan, describe_foreign, owned_changes, ownership
+from rayship.conditions import Event, Plan, Probe, describe_foreign, owned_changes, ownership
 from rayship.config import OperatorConfig
 
 CONFLICT_RETRIES = 5
@@ -47,6 +48,10 @@ class Controller:
         [Mapping[str, Any], Mapping[str, Any] | None, Plan, list[dict[str, Any]], datetime], dict[str, Any]
     ]
     announce: Callable[[Mapping[str, Any], Mapping[str, Any]], list[Event]]
+    # A GET through the API server's service proxy worth making before the status is derived
+    # (pure: which, if any), and how its answer (HTTP code, body) goes into the plan.
+    probe: Callable[[Plan, Mapping[str, Any] | None, OperatorConfig], Probe | None] = lambda *_: None
+    heard: Callable[[Plan, int, str], Plan] = lambda plan, *_: plan
 
 
 def served_trainingjob(ms: Mapping[str, Any]) -> str | None:
@@ -82,7 +87,12 @@ SERVING = Controller(
     pods=modelservice.starting_pods,
     status=modelservice.status,
     announce=modelservice.announce,
+    probe=modelservice.serve_probe,
+    heard=modelservice.heard,
 )
+# While a model rolls out, Serve is asked this often whether it runs the new model (KubeRay's status
+# may not change when the rollout ends, so no event would tell).
+ROLLOUT_CHECK_SECONDS = 3.0
 
 
 @kopf.on.startup()
@@ -98,9 +108,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # No CRD or namespace scanning: the resources are known (the chart installs our CRDs, KubeRay its),
     # so the operator needs no cluster-wide read access to CustomResourceDefinitions.
     settings.scanning.disabled = True
-    memo.config = OperatorConfig()
-    logging.getLogger("rayship").setLevel(memo.config.log_level.upper())
+    config = OperatorConfig()
     k8s.configure()
+    if config.ray_token_key is None:
+        config = config.model_copy(update={"ray_token_key": SecretStr(k8s.token_key(config.namespace))})
+    memo.config = config
+    logging.getLogger("rayship").setLevel(memo.config.log_level.upper())
     metrics.serve(memo.config.metrics_port)
 
 
@@ -148,6 +161,17 @@ def modelservice_changed(*, namespace: str | None, name: str, memo: kopf.Memo, *
 
 @kopf.timer(*api.MODELSERVICES, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS, id="resync")
 def modelservice_resync(*, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    reconcile(SERVING, _namespaced(namespace), name, memo.config)
+
+
+@kopf.timer(
+    *api.MODELSERVICES,
+    interval=ROLLOUT_CHECK_SECONDS,
+    id="rollout",
+    when=lambda status, **_: bool(status.get("targetModelURI")),
+)
+def modelservice_rollout(*, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """A model rollout in flight: ask Serve again until it runs the new model."""
     reconcile(SERVING, _namespaced(namespace), name, memo.config)
 
 
@@ -222,6 +246,8 @@ def _reconcile_once(ctl: Controller, namespace: str, name: str, config: Operator
         todo = replace(todo, rejected=(refused.phase, refused.reason, refused.message))
     except k8s.Busy as busy:
         raise kopf.TemporaryError(str(busy), delay=5) from None
+    if (probe := ctl.probe(todo, child, config)) is not None:
+        todo = ctl.heard(todo, *k8s.proxy_get(namespace, probe))
     current = obj.get("status") or {}
     selector = ctl.pods(child)
     pods = k8s.list_pods(namespace, selector) if selector else []
@@ -245,10 +271,11 @@ def _carry_out(
 ) -> dict[str, Any] | None:
     """Create (prerequisites first, each adopted) or patch the child; the child as stored after."""
     namespace = obj["metadata"]["namespace"]
-    if todo.create is not None:
+    if todo.create is not None or todo.patch is not None:
         for prerequisite in todo.prerequisites:
             kopf.adopt(prerequisite, owner=owner)
             k8s.ensure(prerequisite, obj)
+    if todo.create is not None:
         kopf.adopt(todo.create, owner=owner)
         child = k8s.create(ctl.child, todo.create)
         if (how := ownership(child, obj)) != "owned":  # created meanwhile by someone else: not ours

@@ -6,17 +6,24 @@ status), objects of the same name that belong to someone else are never used.
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
+import logging
+import secrets
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import kubernetes
 import kubernetes.utils
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from rayship import names
 from rayship.api import Resource
-from rayship.conditions import describe_foreign, ownership
+from rayship.conditions import Probe, describe_foreign, ownership
+
+log = logging.getLogger("rayship")
 
 # (connect, read) seconds on every request: a hung API server call never stalls a reconcile for good.
 TIMEOUT = (5, 30)
@@ -128,6 +135,11 @@ def ensure(body: Mapping[str, Any], owner: Mapping[str, Any]) -> None:
                 raise refused from None
         if any(e.status != 409 for e in err.api_exceptions):
             raise
+    if body["kind"] == "Secret":
+        # The operator may create Secrets but never read one. A Secret of that name stays as it is: one
+        # made by this operator holds the same derived token; anyone else's shows as the Ray dashboard
+        # refusing the operator's token (said in the status).
+        return
     existing = _read_core(body)
     how = ownership(existing, owner)
     if how == "owned":
@@ -150,6 +162,52 @@ def _read_core(body: Mapping[str, Any]) -> dict[str, Any]:
     meta = body["metadata"]
     found = readers[body["kind"]](meta["name"], meta["namespace"], _request_timeout=TIMEOUT)
     return cast(dict[str, Any], _client().sanitize_for_serialization(found))
+
+
+def token_key(namespace: str) -> str:
+    """The key Ray tokens are derived from: Secret rayship-ray-token-key in the operator's namespace,
+    made on first start (its Role may get that one Secret by name, and create Secrets there)."""
+    if not namespace:
+        log.warning(
+            "RAYSHIP_NAMESPACE is not set: the Ray token key lives only in this process, so after a "
+            "restart model rollouts of existing ModelServices cannot be confirmed from Serve"
+        )
+        return secrets.token_hex(32)
+    core = kubernetes.client.CoreV1Api(_client())
+    for _attempt in range(3):
+        try:
+            found = core.read_namespaced_secret(names.TOKEN_KEY_SECRET, namespace, _request_timeout=TIMEOUT)
+            return base64.b64decode((found.data or {})["key"]).decode()
+        except ApiException as err:
+            if err.status != 404:
+                raise
+        body = kubernetes.client.V1Secret(
+            metadata=kubernetes.client.V1ObjectMeta(name=names.TOKEN_KEY_SECRET, namespace=namespace),
+            type="Opaque",
+            string_data={"key": secrets.token_hex(32)},
+        )
+        try:
+            core.create_namespaced_secret(namespace, body, _request_timeout=TIMEOUT)
+        except ApiException as err:
+            if err.status != 409:  # made meanwhile by another operator process: read it
+                raise
+    raise RuntimeError(f"Secret {namespace}/{names.TOKEN_KEY_SECRET} could neither be read nor created")
+
+
+def proxy_get(namespace: str, probe: Probe) -> tuple[int, str]:
+    """GET through the API server's service proxy (as KubeRay reaches the Ray dashboard):
+    (HTTP code, body); a code of 0 when the API server could not be reached."""
+    headers = {"x-ray-authorization": f"Bearer {probe.token}"} if probe.token else {}
+    core = kubernetes.client.CoreV1Api(_client())
+    try:
+        body, code, _ = core.connect_get_namespaced_service_proxy_with_path_with_http_info(
+            probe.service, namespace, probe.path, _headers=headers, _request_timeout=TIMEOUT
+        )
+    except ApiException as err:
+        return int(err.status or 0), str(err.body or err.reason or "")
+    except (OSError, urllib3.exceptions.HTTPError) as err:  # not reached: said in the status
+        return 0, str(err)
+    return int(code), body if isinstance(body, str) else json.dumps(body)
 
 
 def patch(resource: Resource, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:

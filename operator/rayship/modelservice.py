@@ -14,6 +14,8 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import hashlib
+import hmac
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -22,7 +24,16 @@ from typing import Any, cast
 import yaml
 
 from rayship import api, names, pods
-from rayship.conditions import Event, Plan, condition, describe_foreign, find, ownership, pod_problem
+from rayship.conditions import (
+    Event,
+    Plan,
+    Probe,
+    condition,
+    describe_foreign,
+    find,
+    ownership,
+    pod_problem,
+)
 from rayship.config import OperatorConfig
 from rayship.validation import SpecError, parse
 from rayship.yamlio import canonical_json
@@ -151,6 +162,9 @@ def ray_cluster_config(
     image = spec.image or config.default_image
     labels = names.labels("ModelService", ms.metadata.name, "serving")
     ref = pods.object_ref(ms.metadata)
+    # The token lives in a Secret the operator makes (not KubeRay's own): the operator derives the same
+    # token to read Serve's state from the dashboard, and never needs to read a Secret.
+    auth = {"mode": "token", "secretName": names.ray_token_secret(names.rayservice_name(ms.metadata.name))}
 
     def env(gpus: int) -> list[dict[str, Any]]:
         return pods.container_env(ref, gpus, spec.env, names.ENV_MODELSERVICE)
@@ -161,7 +175,7 @@ def ray_cluster_config(
     return {
         "rayVersion": spec.ray_version or config.default_ray_version,
         "enableInTreeAutoscaling": True,  # Serve autoscaling adds and removes GPU worker pods
-        "authOptions": {"mode": "token"},
+        "authOptions": auth,
         "headGroupSpec": {
             "rayStartParams": {"num-cpus": "0"},  # no replicas on the head: it runs the Serve controller
             "template": pods.pod_template(
@@ -249,6 +263,97 @@ def desired_rayservice(
     return rayservice
 
 
+# --- the Ray token: Serve's own state is read from the dashboard with it ------------------------
+
+
+def ray_token(config: OperatorConfig, namespace: str, rayservice: str) -> str:
+    """The Ray auth token of a RayService's clusters, derived from the operator's key (so the operator
+    knows it again after a restart without reading any Secret)."""
+    if config.ray_token_key is None:
+        raise RuntimeError(
+            "the operator has no Ray token key: it loads one at startup (RAYSHIP_RAY_TOKEN_KEY)"
+        )
+    key = config.ray_token_key.get_secret_value().encode()
+    return hmac.new(key, f"ray-token/{namespace}/{rayservice}".encode(), hashlib.sha256).hexdigest()
+
+
+def token_secret(ms: api.ModelService, config: OperatorConfig) -> dict[str, Any]:
+    """The Secret `authOptions.secretName` names: KubeRay hands its token to every Ray pod."""
+    namespace = ms.metadata.namespace or "default"
+    rayservice = names.rayservice_name(ms.metadata.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": names.ray_token_secret(rayservice),
+            "namespace": namespace,
+            "labels": names.labels("ModelService", ms.metadata.name, "serving"),
+        },
+        "type": "Opaque",
+        "stringData": {names.RAY_TOKEN_KEY: ray_token(config, namespace, rayservice)},
+    }
+
+
+@dataclass(frozen=True)
+class ServeState:
+    """Serve's own view of the application (from the dashboard's /api/serve/applications/)."""
+
+    status: str = ""  # RUNNING, DEPLOYING, DEPLOY_FAILED, ...
+    model_uri: str | None = None  # `args.modelUri` of the config Serve deploys
+    problem: str | None = None  # why it could not be read
+
+
+SERVE_APPLICATIONS = "api/serve/applications/"
+
+
+def serve_probe(plan_: Plan, rayservice: Mapping[str, Any] | None, config: OperatorConfig) -> Probe | None:
+    """Ask Serve itself while a model rollout is in flight (KubeRay's status cannot say which
+    serveConfigV2 a RUNNING application runs: it reads the status before it submits a new one).
+    None otherwise: no request at all in the steady state."""
+    ctx = plan_.context
+    if not isinstance(ctx, ServiceContext) or rayservice is None or ctx.blocked is not None:
+        return None
+    if ctx.desired_uri is None or ctx.desired_uri == ctx.served:
+        return None
+    active = ((rayservice.get("status") or {}).get("activeServiceStatus") or {}).get("rayClusterName")
+    if not active:  # a first deployment: KubeRay makes the cluster active once Serve runs its config
+        return None
+    namespace = rayservice.get("metadata", {}).get("namespace") or "default"
+    return Probe(
+        f"{plan_.child_name}-head-svc:{names.DASHBOARD_PORT}",
+        SERVE_APPLICATIONS,
+        ray_token(config, namespace, plan_.child_name),
+    )
+
+
+def serve_state(app: str, code: int, body: str) -> ServeState:
+    """Parse the dashboard's answer (HTTP `code`, `body`) for application `app`."""
+    if code in (401, 403):
+        return ServeState(
+            problem=f"the Ray dashboard refused the operator's token (HTTP {code}): was the Secret in "
+            "authOptions.secretName made by someone else?"
+        )
+    if code != 200:
+        first = (body.strip().splitlines() or [""])[0][:200]
+        return ServeState(problem=f"the Ray dashboard could not be asked (HTTP {code}): {first}")
+    try:
+        found = (json.loads(body).get("applications") or {}).get(app)
+    except (ValueError, AttributeError) as err:
+        return ServeState(problem=f"the Ray dashboard answered something else than Serve's state: {err}")
+    if not isinstance(found, dict):
+        return ServeState(problem=f"Serve has no application {app}")
+    args = (found.get("deployed_app_config") or {}).get("args") or {}
+    uri = args.get("modelUri")
+    return ServeState(str(found.get("status") or ""), uri if isinstance(uri, str) else None)
+
+
+def heard(plan_: Plan, code: int, body: str) -> Plan:
+    """The plan with Serve's answer to `serve_probe` in its context (for `status`)."""
+    ctx: ServiceContext = plan_.context
+    app = ctx.application
+    return replace(plan_, context=replace(ctx, serve=serve_state(app, code, body)))
+
+
 # --- plan --------------------------------------------------------------------------------------
 
 
@@ -263,6 +368,9 @@ class ServiceContext:
     blocked: str | None = None  # a RayService of that name exists and is not ours
     rayservice: str = ""
     incremental: bool = False  # NewClusterWithIncrementalUpgrade: no `<rayservice>-serve-svc`
+    application: str = ""  # the Serve application's name
+    served: str | None = None  # status.modelURI as read (the model Serve was last confirmed to serve)
+    serve: ServeState | None = None  # Serve's own answer, when it was asked (`serve_probe`)
 
 
 def plan(
@@ -282,16 +390,32 @@ def plan(
     resolution = resolve_model(ms, trainingjob, current)
     url = service_url(ms)
     incremental = ms.spec.upgrade_strategy == "NewClusterWithIncrementalUpgrade"
+    context = ServiceContext(
+        resolution,
+        None,
+        url,
+        resolution.uri,
+        None,
+        name,
+        incremental,
+        ms.metadata.name,
+        current.get("modelURI"),
+    )
     if resolution.uri is None:
-        return Plan(name, context=ServiceContext(resolution, None, url, None, None, name, incremental))
-    context = ServiceContext(resolution, None, url, resolution.uri, None, name, incremental)
+        return Plan(name, context=context)
     desired = desired_rayservice(ms, config, resolution.uri, resolution.volume)
     if rayservice is not None and (how := ownership(rayservice, modelservice)) != "owned":
         blocked = describe_foreign(rayservice, "RayService", how)
         return Plan(name, context=replace(context, blocked=blocked))
     if rayservice is None:
         created = Event("Normal", "RayServiceCreated", f"created RayService {name} serving {resolution.uri}")
-        return Plan(name, create=desired, on_create=created, context=context)
+        return Plan(
+            name,
+            create=desired,
+            prerequisites=(token_secret(ms, config),),
+            on_create=created,
+            context=context,
+        )
     applied = rayservice.get("metadata", {}).get("annotations") or {}
     wanted_hash = desired["metadata"]["annotations"][names.ANNOTATION_CLUSTER_HASH]
     spec: dict[str, Any] = {}
@@ -304,10 +428,13 @@ def plan(
         annotations[names.ANNOTATION_CLUSTER_HASH] = wanted_hash
     if not spec:
         return Plan(name, context=context)
-    what = "new model (in-place Serve rollout)" if "rayClusterConfig" not in spec else "new cluster config"
+    new_cluster = "rayClusterConfig" in spec
+    what = "new cluster config" if new_cluster else "new model (in-place Serve rollout)"
     return Plan(
         name,
         patch={"metadata": {"annotations": annotations}, "spec": spec},
+        # a new cluster needs its token Secret (a RayService made before there was one, too)
+        prerequisites=(token_secret(ms, config),) if new_cluster else (),
         on_patch=Event("Normal", "RayServiceUpdated", f"{what}: {resolution.uri}"),
         context=context,
     )
@@ -451,11 +578,12 @@ def status(
     up_to_date = st.get("observedGeneration") == rayservice.get("metadata", {}).get("generation")
     deployed_uri = (rayservice.get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_MODEL)
     served = current.get("modelURI")
-    running = application_status(rayservice, app).get("status") == "RUNNING"
-    if phase == "Ready" and up_to_date and running:
-        served = deployed_uri  # Serve reports the application of the latest serveConfigV2 running
-    elif served is None and phase == "Ready":
-        served = deployed_uri
+    serve = ctx.serve
+    if serve is not None:  # a rollout in flight: only Serve's own word moves modelURI
+        if serve.problem is None and serve.status == "RUNNING" and serve.model_uri:
+            served = serve.model_uri
+    elif served is None and phase == "Ready" and up_to_date:
+        served = deployed_uri  # the first config: KubeRay makes a cluster active once Serve runs it
     target = ctx.desired_uri if ctx.desired_uri and ctx.desired_uri != served else None
     upgrading = find(st, "UpgradeInProgress").get("status") == "True" or target is not None
     conditions.append(cond("Ready", phase == "Ready", reason, message))
@@ -464,7 +592,7 @@ def status(
             "Upgrading",
             upgrading,
             "ModelRollout" if target else ("UpgradeInProgress" if upgrading else "UpToDate"),
-            f"rolling out {target} (serving {served})"
+            _rollout_message(target, served, serve)
             if target
             else ("a new Ray cluster is being rolled out" if upgrading else "no rollout in progress"),
         )
@@ -479,6 +607,17 @@ def status(
         url=_url(ctx, st) if phase in ("Ready", "Degraded") else current.get("url"),
     )
     return out
+
+
+def _rollout_message(target: str, served: str | None, serve: ServeState | None) -> str:
+    message = f"rolling out {target} (serving {served})"
+    if serve is None:
+        return message
+    if serve.problem is not None:
+        return f"{message}; not confirmed by Serve yet: {serve.problem}"
+    if serve.model_uri == target:
+        return f"{message}; Serve's application with it is {serve.status or 'starting'}"
+    return f"{message}; Serve has not received it yet"
 
 
 def _url(ctx: ServiceContext, rayservice_status: Mapping[str, Any]) -> str | None:

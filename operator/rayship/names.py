@@ -67,6 +67,18 @@ def rayservice_name(modelservice_name: str) -> str:
     return dns1035_name(modelservice_name, MAX_RAYJOB_NAME)  # KubeRay: RayService names <= 47 too
 
 
+def ray_token_secret(rayservice: str) -> str:
+    """The Secret holding the Ray auth token of a RayService's clusters (`authOptions.secretName`):
+    made by the operator, so it can read Serve's own state from the dashboard without reading Secrets."""
+    return dns1035_name(f"{rayservice}-ray-token", 63)
+
+
+# In the operator's namespace: the key every Ray token of a ModelService is derived from.
+TOKEN_KEY_SECRET = "rayship-ray-token-key"
+RAY_TOKEN_KEY = "auth_token"  # KubeRay reads the token from this key of `authOptions.secretName`
+DASHBOARD_PORT = "dashboard"  # KubeRay's name for the head Service's dashboard port
+
+
 def workload_account(trainingjob_name: str) -> str:
     """ServiceAccount (and Role, RoleBinding) the Ray pods of one TrainingJob run as."""
     return dns1035_name(f"{trainingjob_name}-workload", 63)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rayship import api
+from rayship import api, names
 
 _OURS = [kind.plural for kind in api.KINDS]
 _KUBERAY = [api.RAYJOBS[2], api.RAYSERVICES[2]]
@@ -45,10 +45,32 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "resources": ["roles", "rolebindings"],
         "verbs": ["get", "create"],
     },
+    {  # each ModelService's Ray token Secret: created, never read (the operator derives the token)
+        "apiGroups": [""],
+        "resources": ["secrets"],
+        "verbs": ["create"],
+    },
+    {  # Serve's own application state from the Ray dashboard, as KubeRay reaches it
+        "apiGroups": [""],
+        "resources": ["services/proxy"],
+        "verbs": ["get"],
+    },
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},  # why a Ray pod does not start
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},  # kopf, cluster-wide
     {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+]
+
+
+# In the operator's own namespace only: the key the Ray tokens are derived from (that one Secret).
+KEY_RULES: list[dict[str, Any]] = [
+    {
+        "apiGroups": [""],
+        "resources": ["secrets"],
+        "resourceNames": [names.TOKEN_KEY_SECRET],
+        "verbs": ["get"],
+    },
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},  # made on first start
 ]
 
 

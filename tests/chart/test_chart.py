@@ -113,9 +113,17 @@ def test_rbac_is_exactly_the_operators_rules_without_wildcards(tmp_path: Path) -
     namespaced = template("namespaced", tmp_path)
     assert not by_kind(namespaced, "ClusterRole") and not by_kind(namespaced, "ClusterRoleBinding")
     roles = by_kind(namespaced, "Role")
+    key_role = next(r for r in roles if r["metadata"]["name"].endswith("-token-key"))
+    roles.remove(key_role)
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert all(rule["resources"] != ["namespaces"] for r in roles for rule in r["rules"])
-    assert len(by_kind(namespaced, "RoleBinding")) == 2
+    assert len(by_kind(namespaced, "RoleBinding")) == 3
+    # Secrets: created anywhere the operator works, read nowhere but its own key, in its own namespace
+    for r in roles + [role]:
+        assert all("get" not in rule["verbs"] for rule in r["rules"] if "secrets" in rule["resources"])
+    assert key_role["metadata"]["namespace"] == "rayship-system" and key_role["rules"] == rbac.KEY_RULES
+    (reading,) = [rule for rule in key_role["rules"] if "get" in rule["verbs"]]
+    assert reading["resourceNames"] == ["rayship-ray-token-key"]
     (deployment,) = by_kind(namespaced, "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[-4:] == ["--namespace", "team-a", "--namespace", "team-b"]

@@ -4,6 +4,7 @@ resolution, in-place model rollouts vs cluster changes, status, and the bad-inpu
 from __future__ import annotations
 
 import copy
+import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,7 +22,7 @@ from tools.kuberay_rules import rayservice_violations
 GOLDEN = Path(__file__).parent / "golden"
 SAMPLE = SAMPLES / "modelservice-from-trainingjob.yaml"
 SPECS = [SAMPLE, Path(__file__).parent / "specs" / "modelservice-uri-cpu.yaml"]
-CONFIG = OperatorConfig()
+CONFIG = OperatorConfig(ray_token_key="unit-test-key")
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 URI = "/mnt/checkpoints/default.mlp-ddp/model"
 
@@ -270,17 +271,36 @@ def rayservice_with(
                     "reason": "Initializing" if not ready else "Running",
                 }
             ],
-            "activeServiceStatus": {"applicationStatuses": {"mlp": {"status": app_status}}},
+            "activeServiceStatus": {
+                "rayClusterName": "mlp-x7k2p",
+                "applicationStatuses": {"mlp": {"status": app_status}},
+            },
         },
     }
 
 
-def derive(ms, rayservice, trainingjob, current=None):
+def derive(ms, rayservice, trainingjob, current=None, serve: tuple[int, str] | None = None):
+    """As the reconcile loop does it; `serve` is the dashboard's answer (HTTP code, body) when the
+    plan asks Serve (`serve_probe`)."""
     ms = copy.deepcopy(ms)
     if current:
         ms["status"] = current
     todo = modelservice.plan(ms, rayservice, trainingjob, CONFIG)
+    probe = modelservice.serve_probe(todo, rayservice, CONFIG)
+    if serve is not None:
+        assert probe is not None, "the plan did not ask Serve"
+        todo = modelservice.heard(todo, *serve)
     return modelservice.status(ms, rayservice, todo, [], NOW)
+
+
+def serve_answer(status: str, uri: str, app: str = "mlp") -> tuple[int, str]:
+    """The dashboard's /api/serve/applications/ answer (the parts rayship reads)."""
+    body = {
+        "applications": {
+            app: {"status": status, "deployed_app_config": {"name": app, "args": {"modelUri": uri}}}
+        }
+    }
+    return 200, json.dumps(body)
 
 
 def by_type(st):
@@ -322,8 +342,87 @@ def test_status_shows_old_and_new_model_until_the_new_one_is_ready() -> None:
         rayservice_with(True, "RUNNING", generation=2, observed=2, uri="s3://m/v2"),
         tj("Succeeded", model="s3://m/v2"),
         rolling,
+        serve=serve_answer("RUNNING", "s3://m/v2"),
     )
     assert done["modelURI"] == "s3://m/v2" and done["targetModelURI"] is None
+
+
+def test_modeluri_moves_only_on_serves_own_word() -> None:
+    """KubeRay reads the application status before it submits a new serveConfigV2, so its RUNNING
+    (observedGeneration up to date) may be the old model's: only Serve's deployed config counts."""
+    ms = load()
+    ready = derive(ms, rayservice_with(True, "RUNNING"), tj("Succeeded", model="s3://m/v1"))
+    kuberay_says_done = rayservice_with(True, "RUNNING", generation=2, observed=2, uri="s3://m/v2")
+    new = tj("Succeeded", model="s3://m/v2")
+
+    not_yet = derive(ms, kuberay_says_done, new, ready, serve=serve_answer("RUNNING", "s3://m/v1"))
+    assert not_yet["modelURI"] == "s3://m/v1" and not_yet["targetModelURI"] == "s3://m/v2"
+    assert not_yet["phase"] == "Ready"  # the old model keeps serving
+    assert "Serve has not received it yet" in by_type(not_yet)["Upgrading"]["message"]
+
+    deploying = derive(ms, kuberay_says_done, new, not_yet, serve=serve_answer("DEPLOYING", "s3://m/v2"))
+    assert deploying["modelURI"] == "s3://m/v1" and deploying["targetModelURI"] == "s3://m/v2"
+    assert by_type(deploying)["Upgrading"]["message"].endswith("Serve's application with it is DEPLOYING")
+
+    refused = derive(ms, kuberay_says_done, new, deploying, serve=(401, "Unauthorized"))
+    assert refused["modelURI"] == "s3://m/v1"
+    assert "refused the operator's token (HTTP 401)" in by_type(refused)["Upgrading"]["message"]
+
+    done = derive(ms, kuberay_says_done, new, refused, serve=serve_answer("RUNNING", "s3://m/v2"))
+    assert done["modelURI"] == "s3://m/v2" and done["targetModelURI"] is None
+    assert by_type(done)["Upgrading"]["status"] == "False"
+    # steady state: nothing to confirm, Serve is not asked
+    todo = modelservice.plan({**ms, "status": done}, kuberay_says_done, new, CONFIG)
+    assert modelservice.serve_probe(todo, kuberay_says_done, CONFIG) is None
+
+
+def test_serve_is_asked_through_the_head_service_with_the_derived_token() -> None:
+    ms = load()
+    rs = rayservice_with(True, "RUNNING", uri="s3://m/v2")
+    rs["metadata"]["namespace"] = "team-a"
+    ready = derive(ms, rayservice_with(True, "RUNNING"), tj("Succeeded", model="s3://m/v1"))
+    todo = modelservice.plan({**ms, "status": ready}, rs, tj("Succeeded", model="s3://m/v2"), CONFIG)
+    probe = modelservice.serve_probe(todo, rs, CONFIG)
+    assert probe is not None
+    assert (probe.service, probe.path) == ("mlp-head-svc:dashboard", "api/serve/applications/")
+    assert probe.token == modelservice.ray_token(CONFIG, "team-a", "mlp")
+    assert probe.token not in repr(probe)
+    # no active cluster yet (a first deployment): nothing to ask
+    first = copy.deepcopy(rs)
+    del first["status"]["activeServiceStatus"]["rayClusterName"]
+    assert modelservice.serve_probe(todo, first, CONFIG) is None
+
+
+def test_the_ray_token_secret_is_made_before_the_rayservice() -> None:
+    todo = modelservice.plan(load(), None, tj("Succeeded", model="s3://m/v1"), CONFIG)
+    assert todo.create is not None
+    (secret,) = todo.prerequisites
+    name = todo.create["spec"]["rayClusterConfig"]["authOptions"]["secretName"]
+    assert secret["kind"] == "Secret" and secret["metadata"]["name"] == name == "mlp-ray-token"
+    token = secret["stringData"]["auth_token"]
+    assert token == modelservice.ray_token(CONFIG, "default", "mlp") and len(token) == 64
+    assert token not in json.dumps(todo.create)  # only by reference in the RayService
+    other = OperatorConfig(ray_token_key="another-key")
+    assert modelservice.ray_token(other, "default", "mlp") != token
+    assert modelservice.ray_token(CONFIG, "team-b", "mlp") != token
+
+
+@pytest.mark.parametrize(
+    ("code", "body", "expected"),
+    [
+        (
+            503,
+            'no endpoints available for service "mlp-head-svc"\n',
+            "could not be asked (HTTP 503): no endpoints",
+        ),
+        (200, "<html>", "answered something else than Serve's state"),
+        (200, json.dumps({"applications": {}}), "Serve has no application mlp"),
+        (0, "Connection refused", "could not be asked (HTTP 0): Connection refused"),
+    ],
+)
+def test_serve_state_says_why_it_could_not_be_read(code: int, body: str, expected: str) -> None:
+    state = modelservice.serve_state("mlp", code, body)
+    assert state.problem is not None and expected in state.problem and state.model_uri is None
 
 
 @pytest.mark.parametrize(
