@@ -1,14 +1,13 @@
 """rayship_workloads.serve: the Ray Serve application over real HTTP on local Ray (CPU).
 
-One Serve instance per module (a free loopback port): an MLP app under /tabular and, for the causal-lm
-test, a tiny randomly initialised GPT-2 under /lm. Models are made here; nothing is downloaded.
+One Serve instance per module (a free loopback port): an MLP app under /tabular (text models:
+`test_serve_llm`). Models are made here; nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
-import socket
 import threading
 import urllib.error
 import urllib.parse
@@ -23,30 +22,12 @@ import torch
 
 from rayship_workloads import models, recipes
 from rayship_workloads.serve import ServeArgs, app_builder, serve_locally
+from tests.workloads.serve_http import call, free_port
 
 pytestmark = pytest.mark.workloads
 
 IN_FEATURES, HIDDEN, OUT_FEATURES = 8, [16, 16], 2
 CLIENTS = 16
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def call(method: str, url: str, body: Any = None, *, raw: bytes | None = None) -> tuple[int, dict[str, Any]]:
-    """(status, JSON body) of one HTTP request; `raw` sends bytes as they are."""
-    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    request = urllib.request.Request(
-        url, data=data, method=method, headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
 
 
 def expected(model: torch.nn.Module, rows: list[list[float]]) -> torch.Tensor:
@@ -326,63 +307,3 @@ def test_app_builder_takes_a_camel_case_dict() -> None:
     assert deployment.max_ongoing_requests >= 4  # room for a full batch
     with pytest.raises(pydantic.ValidationError):
         app_builder({"modelUri": "/m", "minReplicas": 2, "maxReplicas": 1})
-
-
-# --- causal-lm ----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_lm(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Path]:
-    from transformers import AutoModelForCausalLM, GPT2Config
-
-    torch.manual_seed(0)
-    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=260, n_positions=64)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    directory = tmp_path_factory.mktemp("lm")
-    model.save_pretrained(directory)
-    models.write_manifest(directory, "causal-lm", {"n_layer": 1, "n_embd": 16}, tokenizer="bytes")
-    return model, directory
-
-
-@pytest.fixture(scope="module")
-def lm_server(server: str, tiny_lm: tuple[torch.nn.Module, Path]) -> Iterator[str]:
-    """The tiny LM as a second application under /lm, built from camelCase args."""
-    from ray import serve
-
-    args = {"modelUri": str(tiny_lm[1]), "routePrefix": "/lm", "numCpus": 0.5}
-    serve.run(app_builder(args), name="rayship-lm", route_prefix="/lm")
-    try:
-        yield server.removesuffix("/tabular") + "/lm"
-    finally:
-        serve.delete("rayship-lm")
-
-
-def test_generate_with_a_tiny_causal_lm(lm_server: str, tiny_lm: tuple[torch.nn.Module, Path]) -> None:
-    prompt, max_new_tokens = "hello", 8
-    ids = torch.tensor([list(prompt.encode())])
-    with torch.no_grad():
-        out = tiny_lm[0].generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    want = bytes(i for i in out[0, ids.shape[1] :].tolist() if i < 256).decode("utf-8", errors="replace")
-
-    request = {"prompt": prompt, "max_new_tokens": max_new_tokens}
-    first = call("POST", f"{lm_server}/generate", request)
-    assert first == (200, {"text": want})
-    assert call("POST", f"{lm_server}/generate", request) == first  # greedy: deterministic
-
-    assert call("GET", f"{lm_server}/healthz")[1]["recipe"] == "causal-lm"
-    for path, body, message in [
-        ("/predict", {"instances": [[1.0]]}, "use /generate"),
-        ("/generate", {"max_new_tokens": 4}, "missing field 'prompt'"),
-        ("/generate", {"prompt": ""}, "non-empty string"),
-        ("/generate", {"prompt": "hi", "max_new_tokens": "4"}, "must be an integer"),
-        ("/generate", {"prompt": "hi", "max_new_tokens": 0}, "must be in 1.."),
-        ("/generate", {"prompt": "hi", "max_new_tokens": 63}, "exceeds the model's 64 positions"),
-    ]:
-        status, answer = call("POST", f"{lm_server}{path}", body)
-        assert status == 400 and message in answer["error"], (path, body, answer)

@@ -13,17 +13,26 @@ HTTP contract (paths relative to the application's route prefix; every body is J
     POST /predict   {"instances": [[f1, ..., fn], ...]}      -> {"predictions": [[y1, ...], ...]}
                     (tabular models, e.g. mlp; requests are batched across clients into one forward pass)
     POST /generate  {"prompt": "...", "max_new_tokens": 16}  -> {"text": "..."}
-                    (text models, e.g. causal-lm; greedy decoding, the completion only)
+                    (text models, e.g. causal-lm: the completion only; greedy unless "temperature" > 0;
+                    also Hugging Face's "max_length" (prompt + completion), "top_p", "stop", "seed")
+    POST /v1/completions, POST /v1/chat/completions, GET /v1/models
+                    text models, OpenAI-compatible (`llm`): max_tokens, temperature, top_p, stop, seed,
+                    and "stream": true for server-sent events (`data: {...}` chunks, then `data: [DONE]`)
     GET  /healthz                                            -> {"status": "ok", "recipe": ..., "model_uri": ...}
     GET  /stats     diagnostics: {"batch_sizes": [...]}, the number of requests in each of the replica's
                     last STATS_WINDOW batches (per replica: with several replicas, one replica answers)
 
-A malformed request is answered with HTTP 400 and {"error": "<what is wrong>"}; a request over the limits
+Several models (`models: {name: uri}`) are served with Serve's model multiplexing: a request names its
+model in the `serve_multiplexed_model_id` header (Serve routes it to a replica that has it loaded; the
+OpenAI routes also take the body's "model"), each replica keeps the `modelCacheSize` most recently used.
+
+A malformed request is answered with HTTP 400 and {"error": "<what is wrong>"} (on /v1 routes OpenAI's
+{"error": {"message": ..., "type": ..., "param": ...}}), an unknown model with 404; a request over the limits
 (`maxRequestBytes` of body, default 8 MiB; `maxRowsPerRequest` rows in one /predict, default 4096) with
 HTTP 413 and the limit's arg in the message. The body size is checked before it is read (Content-Length)
 and while it is read (chunked bodies are cut at the limit), so an oversized body is never held whole;
 the row count is checked before any row is converted. What a model serves
-comes from its recipe (`recipes.Recipe.load`): `/predict` rows of numbers, or `/generate` text.
+comes from its recipe (`recipes.Recipe.load`): `/predict` rows of numbers, or text (`ROUTES`).
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route methods' annotations (`request: Request`)
@@ -32,11 +41,13 @@ import asyncio
 import collections
 import json
 import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, Self, cast
 
 import torch
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from ray import serve
@@ -44,29 +55,48 @@ from ray.serve import Application
 from ray.serve.deployment import Deployment
 
 from rayship import names
-from rayship_workloads import models, recipes
+from rayship_workloads import llm, models, recipes
+from rayship_workloads.llm import RequestError
 
 APP_NAME = "rayship"
 DEPLOYMENT_NAME = names.SERVE_DEPLOYMENT
 STATS_WINDOW = 1024  # batch sizes kept per replica for GET /stats
-MAX_NEW_TOKENS = 1024
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_ROWS_PER_REQUEST = 4096
+DEFAULT_MODEL_NAME = "model"
+MULTIPLEXED_MODEL_HEADER = "serve_multiplexed_model_id"  # what Serve's proxy routes on
+
+# The routes each kind of model has (`recipes.Recipe.data_kind`), besides GET /healthz and /stats.
+ROUTES: dict[str, tuple[str, ...]] = {
+    "tabular": ("POST /predict",),
+    "text": ("POST /generate", "POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models"),
+}
 
 
 class ServeArgs(BaseModel):
-    """Arguments of `app_builder`: snake_case names or their camelCase aliases (`modelUri`, `maxBatchSize`,
-    `batchWaitTimeoutS`, `minReplicas`, `maxReplicas`, `targetOngoingRequests`, `numCpus`, `numGpus`,
-    `routePrefix`, `maxRequestBytes`, `maxRowsPerRequest`), as they come from a RayService `serveConfigV2`
-    application's `args`."""
+    """Arguments of `app_builder`: snake_case names or their camelCase aliases (`modelUri`, `models`,
+    `modelName`, `modelCacheSize`, `maxBatchSize`, `batchWaitTimeoutS`, `minReplicas`, `maxReplicas`,
+    `targetOngoingRequests`, `numCpus`, `numGpus`, `routePrefix`, `maxRequestBytes`, `maxRowsPerRequest`),
+    as they come from a RayService `serveConfigV2` application's `args`."""
 
     model_config = ConfigDict(
         extra="forbid", alias_generator=to_camel, populate_by_name=True, allow_inf_nan=False, frozen=True
     )
 
-    model_uri: str = Field(
-        min_length=1, description="Exported model directory: a path, PVC path or s3:// URI."
+    model_uri: str | None = Field(
+        None, min_length=1, description="Exported model directory: a path, PVC path or s3:// URI."
     )
+    models: dict[str, str] | None = Field(
+        None,
+        min_length=1,
+        description="Several models, name -> URI, served with Serve's model multiplexing (instead of modelUri).",
+    )
+    model_name: str = Field(
+        DEFAULT_MODEL_NAME,
+        min_length=1,
+        description="The name of modelUri's model in OpenAI requests and /v1/models (`models` are named by their keys).",
+    )
+    model_cache_size: int = Field(3, ge=1, description="With `models`: most models loaded per replica (LRU).")
     route_prefix: str = Field(
         "/",
         description="Where the application is mounted. `serve_locally` passes it to serve.run; in serveConfigV2 "
@@ -105,11 +135,28 @@ class ServeArgs(BaseModel):
             raise ValueError(f"{value!r}: must start with '/' and not end with '/' (or be '/')")
         return value
 
+    @field_validator("models")
+    @classmethod
+    def _model_uris(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for name, uri in (value or {}).items():
+            if not name or not uri:
+                raise ValueError(f"model {name!r}: names and URIs must be non-empty")
+        return value
+
     @model_validator(mode="after")
-    def _replica_range(self) -> Self:
+    def _checks(self) -> Self:
+        if (self.model_uri is None) == (self.models is None):
+            raise ValueError(
+                "give modelUri (one model) or models (several, multiplexed), exactly one of them"
+            )
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas ({self.min_replicas}) > max_replicas ({self.max_replicas})")
         return self
+
+    @property
+    def model_uris(self) -> dict[str, str]:
+        """Every served model, name -> URI."""
+        return dict(self.models) if self.models is not None else {self.model_name: cast(str, self.model_uri)}
 
     @property
     def max_ongoing_requests(self) -> int:
@@ -119,12 +166,18 @@ class ServeArgs(BaseModel):
         return max(2 * self.max_batch_size, 2 * math.ceil(self.target_ongoing_requests))
 
 
-class BadRequest(Exception):
+class BadRequest(RequestError):
     """A malformed request: answered with HTTP 400 and {"error": message}."""
 
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=400)
 
-class TooLarge(Exception):
+
+class TooLarge(RequestError):
     """A request over a configured limit: answered with HTTP 413 and {"error": message}."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=413)
 
 
 class _BatchSettings(Protocol):
@@ -220,97 +273,196 @@ def parse_instances(
     return rows
 
 
-def parse_generate(body: dict[str, Any]) -> tuple[str, int]:
-    """(prompt, max_new_tokens) of a /generate body, checked."""
-    _check_fields(body, {"prompt"}, {"prompt", "max_new_tokens"}, '{"prompt": "...", "max_new_tokens": 16}')
-    prompt, max_new_tokens = body["prompt"], body.get("max_new_tokens", 16)
-    if not isinstance(prompt, str) or not prompt:
-        raise BadRequest('"prompt" must be a non-empty string')
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-        raise BadRequest(f'"max_new_tokens" must be an integer, got {json.dumps(max_new_tokens)[:40]}')
-    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
-        raise BadRequest(f'"max_new_tokens" must be in 1..{MAX_NEW_TOKENS}, got {max_new_tokens}')
-    return prompt, max_new_tokens
+@dataclass(frozen=True)
+class Loaded:
+    """One model ready on this replica: tabular (`inputs` numbers per row) or text (`engine`)."""
+
+    name: str
+    uri: str
+    recipe: str
+    model: torch.nn.Module
+    dtype: torch.dtype
+    inputs: int | None = None
+    engine: llm.TextEngine | None = None
+
+
+def load(name: str, uri: str, device: torch.device) -> Loaded:
+    servable, manifest = models.load(uri)
+    model = servable.model.to(device)
+    engine = llm.TextEngine(model, servable.generator) if servable.generator is not None else None
+    dtype = next(model.parameters()).dtype
+    return Loaded(name, uri, manifest["recipe"], model, dtype, servable.inputs, engine)
+
+
+def routes(kinds: set[str]) -> list[str]:
+    """The routes served for models of these data kinds, then the diagnostics."""
+    return [route for kind in sorted(kinds) for route in ROUTES[kind]] + ["GET /healthz"]
+
+
+def _is_openai_route(request: Request) -> bool:
+    route = request.scope.get("route")
+    return str(getattr(route, "path", "")).startswith("/v1/")
 
 
 api = FastAPI(title="rayship model server", docs_url=None, redoc_url=None)
 
 
-@api.exception_handler(BadRequest)
-async def _bad_request(request: Request, exc: BadRequest) -> JSONResponse:
-    return JSONResponse({"error": str(exc)}, status_code=400)
-
-
-@api.exception_handler(TooLarge)
-async def _too_large(request: Request, exc: TooLarge) -> JSONResponse:
-    return JSONResponse({"error": str(exc)}, status_code=413)
+@api.exception_handler(RequestError)
+async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
+    if _is_openai_route(request):
+        return JSONResponse(llm.error_body(str(exc), exc.param, exc.status), status_code=exc.status)
+    return JSONResponse({"error": str(exc)}, status_code=exc.status)
 
 
 @serve.ingress(api)
 class ModelServer:
-    """One replica: the model loaded once, /predict requests batched into one forward pass."""
+    """One replica: its model(s), /predict requests batched into one forward pass, text generated one
+    sequence at a time. With `models`, each is loaded on first use (Serve's model multiplexing)."""
 
     def __init__(self, args: ServeArgs) -> None:
         self.args = args
         use_cuda = args.num_gpus > 0 and torch.cuda.is_available()
         self.device = torch.device("cuda" if use_cuda else "cpu")
-        servable, manifest = models.load(args.model_uri)
-        self.model = servable.model.to(self.device)
-        self.inputs, self.generator = servable.inputs, servable.generator
-        self.recipe: str = manifest["recipe"]
-        self.dtype = next(self.model.parameters()).dtype
+        self.single: Loaded | None = None
+        self.multiplexed: Callable[[str], Awaitable[Loaded]] | None = None
+        if args.model_uri is not None:
+            self.single = load(args.model_name, args.model_uri, self.device)
+        else:
+            uris = args.model_uris
+
+            async def load_model(model_id: str) -> Loaded:
+                return await asyncio.to_thread(load, model_id, uris[model_id], self.device)
+
+            # Wired here, not on the class, so that the cache size comes from the args.
+            self.multiplexed = serve.multiplexed(max_num_models_per_replica=args.model_cache_size)(load_model)
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=STATS_WINDOW)
         batching = cast(_BatchSettings, self._forward)
         batching.set_max_batch_size(args.max_batch_size)
         batching.set_batch_wait_timeout_s(args.batch_wait_timeout_s)
 
+    async def model(self, requested: str | None = None) -> Loaded:
+        """The request's model: the one served, or with `models` the one named by the
+        serve_multiplexed_model_id header (or `requested`, the body's "model")."""
+        known = sorted(self.args.model_uris)
+        if self.single is not None:
+            if requested is not None and requested != self.single.name:
+                raise RequestError(
+                    f"model {requested!r} is not served here; models: {self.single.name}",
+                    param="model",
+                    status=404,
+                )
+            return self.single
+        header = serve.get_multiplexed_model_id()
+        if header and requested and header != requested:
+            raise BadRequest(
+                f"the {MULTIPLEXED_MODEL_HEADER} header says {header!r} but the body's model is {requested!r}"
+            )
+        name = header or requested
+        if not name:
+            raise BadRequest(
+                f"this service serves several models ({', '.join(known)}): name one in the {MULTIPLEXED_MODEL_HEADER} header"
+            )
+        if name not in self.args.model_uris:
+            raise RequestError(
+                f"model {name!r} is not served here; models: {', '.join(known)}", param="model", status=404
+            )
+        assert self.multiplexed is not None
+        return await self.multiplexed(name)
+
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)  # set from ServeArgs in __init__
-    async def _forward(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """All waiting requests' rows in one forward pass; each request gets its own rows back."""
-        self.batch_sizes.append(len(inputs))
+    async def _forward(self, items: list[tuple[Loaded, torch.Tensor]]) -> list[torch.Tensor]:
+        """All waiting requests' rows in one forward pass per model (Serve splits batches by multiplexed
+        model; one pass for all with a single model); each request gets its own rows back."""
+        self.batch_sizes.append(len(items))
+        outputs: list[torch.Tensor | None] = [None] * len(items)
         with torch.no_grad():
-            outputs = self.model(torch.cat(inputs).to(self.device)).cpu()
-        return list(torch.split(outputs, [len(x) for x in inputs]))
+            for loaded in {id(m): m for m, _ in items}.values():
+                mine = [i for i, (m, _) in enumerate(items) if m is loaded]
+                rows = [items[i][1] for i in mine]
+                result = loaded.model(torch.cat(rows).to(self.device)).cpu()
+                for i, out in zip(mine, torch.split(result, [len(x) for x in rows]), strict=True):
+                    outputs[i] = out
+        return [cast(torch.Tensor, out) for out in outputs]
 
     @api.post("/predict")
     async def predict(self, request: Request) -> dict[str, list[list[float]]]:
-        if self.inputs is None:
+        loaded = await self.model()
+        if loaded.inputs is None:
             raise BadRequest(
-                f"/predict needs a tabular model; this model's recipe is {self.recipe!r}: use /generate"
+                f"/predict needs a tabular model; this model's recipe is {loaded.recipe!r}: use /generate"
             )
         body = await _json_object(request, self.args.max_request_bytes)
-        rows = parse_instances(body, self.inputs, self.args.max_rows_per_request)
-        inputs = torch.tensor(rows, dtype=self.dtype)
+        rows = parse_instances(body, loaded.inputs, self.args.max_rows_per_request)
+        inputs = torch.tensor(rows, dtype=loaded.dtype)
         if not torch.isfinite(inputs).all():
-            raise BadRequest(f"instances hold values out of range for {self.dtype}")
-        outputs = await self._forward(inputs)
+            raise BadRequest(f"instances hold values out of range for {loaded.dtype}")
+        outputs = await self._forward((loaded, inputs))
         if not torch.isfinite(outputs).all():
             raise BadRequest("the instances overflow the model: non-finite outputs")
         return {"predictions": outputs.tolist()}
 
-    @api.post("/generate")
-    async def generate(self, request: Request) -> dict[str, str]:
-        generator = self.generator
-        if generator is None:
+    async def _text_model(self, route: str, requested: str | None = None) -> tuple[Loaded, llm.TextEngine]:
+        loaded = await self.model(requested)
+        if loaded.engine is None:
             text_recipes = ", ".join(recipes.names("text"))
             raise BadRequest(
-                f"/generate needs a text model ({text_recipes}); this model's recipe is {self.recipe!r}: use /predict"
+                f"{route} needs a text model ({text_recipes}); this model's recipe is {loaded.recipe!r}: use /predict"
             )
-        prompt, max_new_tokens = parse_generate(await _json_object(request, self.args.max_request_bytes))
-        ids = generator.encode(prompt)
-        if not ids:
-            raise BadRequest('"prompt" encodes to no tokens')
-        limit = generator.max_positions
-        if limit is not None and len(ids) + max_new_tokens > limit:
-            raise BadRequest(
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's {limit} positions"
-            )
-        new_ids = await asyncio.to_thread(generator.greedy, ids, max_new_tokens)  # keeps the event loop free
-        return {"text": generator.decode(new_ids)}
+        return loaded, loaded.engine
+
+    @api.post("/generate")
+    async def generate(self, request: Request) -> dict[str, str]:
+        _, engine = await self._text_model("/generate")
+        body = llm.parse(llm.GenerateRequest, await _read_body(request, self.args.max_request_bytes))
+        ids = engine.encode(body.prompt, "prompt")
+        max_new_tokens = body.new_tokens(len(ids))
+        engine.check_room(len(ids), max_new_tokens, "max_length" if body.max_length else "max_new_tokens")
+        return {"text": (await engine.complete(ids, max_new_tokens, body)).text}
+
+    async def _openai(self, request: Request, chat: bool) -> Any:
+        raw = await _read_body(request, self.args.max_request_bytes)
+        body: llm.CompletionRequest | llm.ChatRequest = (
+            llm.parse(llm.ChatRequest, raw) if chat else llm.parse(llm.CompletionRequest, raw)
+        )
+        loaded, engine = await self._text_model(request.url.path, body.model)
+        if isinstance(body, llm.ChatRequest):
+            ids = engine.encode(llm.chat_prompt(body.messages), "messages")
+            param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+            max_new_tokens = body.max_completion_tokens or body.max_tokens or engine.room(len(ids))
+        else:
+            ids = engine.encode(body.prompt, "prompt")
+            param, max_new_tokens = "max_tokens", body.max_tokens or llm.COMPLETIONS_DEFAULT_MAX_TOKENS
+        engine.check_room(len(ids), max(1, max_new_tokens), param)
+        reply = llm.Reply(chat=chat, model=loaded.name, prompt_tokens=len(ids))
+        if not body.stream:
+            return reply.whole(await engine.complete(ids, max_new_tokens, body))
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        events = reply.events(engine.stream(ids, max_new_tokens, body), include_usage)
+        return StreamingResponse(
+            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+
+    @api.post("/v1/completions")
+    async def completions(self, request: Request) -> Any:
+        return await self._openai(request, chat=False)
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request) -> Any:
+        return await self._openai(request, chat=True)
+
+    @api.get("/v1/models")
+    async def list_models(self) -> dict[str, Any]:
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "rayship"}
+            for name in sorted(self.args.model_uris)
+        ]
+        return {"object": "list", "data": data}
 
     @api.get("/healthz")
-    async def healthz(self) -> dict[str, str]:
-        return {"status": "ok", "recipe": self.recipe, "model_uri": self.args.model_uri}
+    async def healthz(self) -> dict[str, Any]:
+        if self.single is None:
+            return {"status": "ok", "models": self.args.model_uris}
+        return {"status": "ok", "recipe": self.single.recipe, "model_uri": self.single.uri}
 
     @api.get("/stats")
     async def stats(self) -> dict[str, list[int]]:

@@ -1,0 +1,335 @@
+"""Text models over HTTP: /generate and the OpenAI-compatible /v1 routes (completions, chat, streaming,
+sampling parameters) with a tiny randomly initialised GPT-2 served from its save_pretrained directory.
+Every expected text is what transformers' own generate() gives for the same model, prompt and seed.
+Nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rayship_workloads import llm, models
+from rayship_workloads.serve import serve_locally
+from tests.workloads.serve_http import call, free_port, http_chunks, sse_events
+
+pytestmark = pytest.mark.workloads
+
+POSITIONS = 64
+MODEL_NAME = "tiny-gpt2"
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Path]:
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=260, n_positions=POSITIONS)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    directory = tmp_path_factory.mktemp("lm")
+    model.save_pretrained(directory)
+    models.write_manifest(directory, "causal-lm", {"n_layer": 1, "n_embd": 16}, tokenizer="bytes")
+    return model, directory
+
+
+@pytest.fixture(scope="module")
+def lm(ray_session: None, tiny_lm: tuple[torch.nn.Module, Path]) -> Iterator[str]:
+    """The tiny LM served under /lm (its own Serve instance, shut down with the module)."""
+    from ray import serve
+
+    try:
+        yield serve_locally(
+            str(tiny_lm[1]), port=free_port(), route_prefix="/lm", num_cpus=0.5, model_name=MODEL_NAME
+        )
+    finally:
+        serve.shutdown()
+
+
+def text(ids: list[int]) -> str:
+    """The byte-level tokenizer's decoding (ids >= 256 are special: no text)."""
+    return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def reference(
+    model: torch.nn.Module,
+    prompt: str,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0,
+    top_p: float = 1,
+    seed: int = 0,
+) -> str:
+    """transformers' generate() on the test's own copy of the model: greedy, or seeded sampling."""
+    ids = torch.tensor([list(prompt.encode())])
+    options: dict[str, Any] = {"do_sample": False}
+    if temperature > 0:
+        options = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            pad_token_id=model.config.eos_token_id,
+            **options,
+        )
+    return text(out[0, ids.shape[1] :].tolist())
+
+
+def streamed(url: str, body: dict[str, Any]) -> list[dict[str, Any] | str]:
+    """The events of one streamed request, checked chunk by chunk: text/event-stream, every HTTP chunk
+    whole `data: ...` events, JSON payloads, then `data: [DONE]` last."""
+    headers, chunks = http_chunks(url, {**body, "stream": True})
+    assert headers["content-type"].startswith("text/event-stream"), headers
+    payloads: list[dict[str, Any] | str] = []
+    for event in sse_events(chunks):
+        assert event.startswith(b"data: ") and event.endswith(b"\n\n"), event
+        data = event[len(b"data: ") : -2].decode()
+        payloads.append(data if data == "[DONE]" else json.loads(data))
+    assert payloads[-1] == "[DONE]" and "[DONE]" not in payloads[:-1], payloads
+    return payloads
+
+
+# --- /generate ----------------------------------------------------------------------------------
+
+
+def test_generate_greedy(lm: str, tiny_lm: tuple[torch.nn.Module, Path]) -> None:
+    want = reference(tiny_lm[0], "hello", 8)
+    first = call("POST", f"{lm}/generate", {"prompt": "hello", "max_new_tokens": 8})
+    assert first == (200, {"text": want})
+    assert call("POST", f"{lm}/generate", {"prompt": "hello", "max_new_tokens": 8}) == first  # deterministic
+    assert call("GET", f"{lm}/healthz")[1]["recipe"] == "causal-lm"
+
+
+def test_generate_takes_the_tutorials_max_length_and_temperature(
+    lm: str, tiny_lm: tuple[torch.nn.Module, Path]
+) -> None:
+    """Hugging Face's max_length counts the prompt: "hello" (5 tokens) + 7 new ones."""
+    body = {"prompt": "hello", "max_length": 12, "temperature": 0.9, "seed": 5}
+    assert call("POST", f"{lm}/generate", body) == (
+        200,
+        {"text": reference(tiny_lm[0], "hello", 7, temperature=0.9, seed=5)},
+    )
+    assert call("POST", f"{lm}/generate", {"prompt": "hello", "max_length": 12})[1] == {
+        "text": reference(tiny_lm[0], "hello", 7)
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"max_new_tokens": 4}, "prompt: Field required"),
+        ({"prompt": ""}, "prompt: String should have at least 1 character"),
+        ({"prompt": "hi", "max_new_tokens": "4"}, "max_new_tokens: Input should be a valid integer"),
+        ({"prompt": "hi", "max_new_tokens": 0}, "max_new_tokens: Input should be greater than or equal to 1"),
+        ({"prompt": "hi", "max_new_tokens": 63}, "exceeds the model's 64 positions"),
+        ({"prompt": "hello", "max_length": 5}, "max_length (5) leaves no room after the prompt (5 tokens)"),
+        (
+            {"prompt": "hi", "max_length": 9, "max_new_tokens": 2},
+            "give max_new_tokens or max_length, not both",
+        ),
+        ({"prompt": "hi", "temperature": -1}, "temperature: Input should be greater than or equal to 0"),
+        ({"prompt": "hi", "num_beams": 2}, "unknown field 'num_beams'; allowed: "),
+    ],
+)
+def test_bad_generate_is_400(lm: str, body: dict[str, Any], message: str) -> None:
+    status, answer = call("POST", f"{lm}/generate", body)
+    assert status == 400 and message in answer["error"], answer
+    assert "\n" not in answer["error"]
+
+
+# --- /v1/completions ----------------------------------------------------------------------------
+
+
+def test_completion(lm: str, tiny_lm: tuple[torch.nn.Module, Path]) -> None:
+    """temperature 0: greedy decoding (OpenAI's default temperature is 1: sampling)."""
+    status, body = call(
+        "POST",
+        f"{lm}/v1/completions",
+        {"model": MODEL_NAME, "prompt": "hello", "max_tokens": 10, "temperature": 0},
+    )
+    assert status == 200, body
+    assert (
+        body["object"] == "text_completion" and body["id"].startswith("cmpl-") and body["model"] == MODEL_NAME
+    )
+    assert body["choices"] == [
+        {"index": 0, "text": reference(tiny_lm[0], "hello", 10), "finish_reason": "length", "logprobs": None}
+    ]
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 10, "total_tokens": 15}
+    default = call("POST", f"{lm}/v1/completions", {"prompt": "hello"})[1]  # OpenAI's default: 16 tokens
+    assert default["usage"]["completion_tokens"] == 16
+
+
+def test_sampling_parameters_are_applied(lm: str, tiny_lm: tuple[torch.nn.Module, Path]) -> None:
+    """temperature, top_p and seed give exactly transformers' sample; the same seed the same text."""
+    request = {"prompt": "hello", "max_tokens": 12, "temperature": 1.3, "top_p": 0.9, "seed": 42}
+    first = call("POST", f"{lm}/v1/completions", request)[1]["choices"][0]["text"]
+    assert first == reference(tiny_lm[0], "hello", 12, temperature=1.3, top_p=0.9, seed=42)
+    assert call("POST", f"{lm}/v1/completions", request)[1]["choices"][0]["text"] == first
+    other = call("POST", f"{lm}/v1/completions", {**request, "seed": 43})[1]["choices"][0]["text"]
+    assert other == reference(tiny_lm[0], "hello", 12, temperature=1.3, top_p=0.9, seed=43) != first
+
+
+def stop_in(completion: str) -> tuple[str, str]:
+    """A stop string taken from inside `completion` and the text before its first occurrence."""
+    for i in range(2, len(completion) - 2):
+        stop = completion[i : i + 2]
+        if "\ufffd" not in stop and "\ufffd" not in completion[:i]:
+            return stop, completion[: completion.index(stop)]
+    raise AssertionError(f"no usable stop string in {completion!r}")
+
+
+def test_stop_ends_the_text_before_the_stop_string(lm: str, tiny_lm: tuple[torch.nn.Module, Path]) -> None:
+    full = reference(tiny_lm[0], "abc", 24)
+    stop, before = stop_in(full)
+    request = {"prompt": "abc", "max_tokens": 24, "temperature": 0, "stop": ["\x00never", stop]}
+    choice = call("POST", f"{lm}/v1/completions", request)[1]["choices"][0]
+    assert (choice["text"], choice["finish_reason"]) == (before, "stop")
+    events = streamed(f"{lm}/v1/completions", request)
+    chunks = [e for e in events if isinstance(e, dict)]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == before
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_completion_streams_chunk_by_chunk(lm: str, tiny_lm: tuple[torch.nn.Module, Path]) -> None:
+    request = {"model": MODEL_NAME, "prompt": "hello", "max_tokens": 20, "temperature": 0.8, "seed": 7}
+    events = streamed(f"{lm}/v1/completions", {**request, "stream_options": {"include_usage": True}})
+    *chunks, usage, done = events
+    assert isinstance(usage, dict) and done == "[DONE]"
+    assert usage["choices"] == [] and usage["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 20,
+        "total_tokens": 25,
+    }
+    pieces: list[str] = []
+    for chunk in chunks:
+        assert (
+            isinstance(chunk, dict) and chunk["object"] == "text_completion" and chunk["model"] == MODEL_NAME
+        )
+        assert chunk["id"] == usage["id"]
+        (choice,) = chunk["choices"]
+        pieces.append(choice["text"])
+        assert choice["finish_reason"] == (None if chunk is not chunks[-1] else "length")
+    assert len([p for p in pieces if p]) > 3, pieces  # the text came in many pieces, not at the end
+    whole = call("POST", f"{lm}/v1/completions", request)[1]["choices"][0]["text"]
+    assert "".join(pieces) == whole == reference(tiny_lm[0], "hello", 20, temperature=0.8, seed=7)
+    without_usage = streamed(f"{lm}/v1/completions", request)
+    assert all(e == "[DONE]" or e["choices"] for e in without_usage)  # type: ignore[index]
+
+
+# --- /v1/chat/completions -----------------------------------------------------------------------
+
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+CHAT_PROMPT = "system: be brief\nuser: hi\nassistant:"
+
+
+def test_chat_completion(lm: str, tiny_lm: tuple[torch.nn.Module, Path]) -> None:
+    status, body = call(
+        "POST",
+        f"{lm}/v1/chat/completions",
+        {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 6, "temperature": 0},
+    )
+    assert status == 200, body
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    (choice,) = body["choices"]
+    assert choice["message"] == {"role": "assistant", "content": reference(tiny_lm[0], CHAT_PROMPT, 6)}
+    assert choice["finish_reason"] == "length"
+    assert body["usage"]["prompt_tokens"] == len(CHAT_PROMPT.encode())
+    # No limit given: up to the model's positions.
+    unlimited = call("POST", f"{lm}/v1/chat/completions", {"messages": MESSAGES})[1]
+    assert unlimited["usage"]["total_tokens"] == POSITIONS
+
+
+def test_chat_streams_deltas(lm: str, tiny_lm: tuple[torch.nn.Module, Path]) -> None:
+    events = streamed(
+        f"{lm}/v1/chat/completions", {"messages": MESSAGES, "max_completion_tokens": 12, "temperature": 0}
+    )
+    *chunks, done = events
+    assert done == "[DONE]"
+    deltas = [c["choices"][0]["delta"] for c in chunks if isinstance(c, dict)]
+    assert all(isinstance(c, dict) and c["object"] == "chat.completion.chunk" for c in chunks)
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert deltas[-1] == {} and chunks[-1]["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
+    assert "".join(d.get("content", "") for d in deltas) == reference(tiny_lm[0], CHAT_PROMPT, 12)
+
+
+def test_models(lm: str) -> None:
+    status, body = call("GET", f"{lm}/v1/models")
+    assert status == 200 and [m["id"] for m in body["data"]] == [MODEL_NAME], body
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param", "message"),
+    [
+        ("completions", {"prompt": "hi", "temperature": 3}, 400, "temperature", "less than or equal to 2"),
+        ("completions", {"prompt": "hi", "top_p": 0}, 400, "top_p", "greater than 0"),
+        ("completions", {"prompt": "hi", "n": 2}, 400, "n", "less than or equal to 1"),
+        (
+            "completions",
+            {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]},
+            400,
+            "stop",
+            "at most 4 stop sequences",
+        ),
+        ("completions", {"prompt": "hi", "seed": -1}, 400, "seed", "greater than or equal to 0"),
+        (
+            "completions",
+            {"prompt": "hi", "max_tokens": 63},
+            400,
+            "max_tokens",
+            "exceeds the model's 64 positions",
+        ),
+        ("completions", {"prompt": "hi", "logit_bias": {}}, 400, "logit_bias", "unknown field 'logit_bias'"),
+        ("completions", {"prompt": ["a", "b"]}, 400, "prompt", "valid string"),
+        (
+            "completions",
+            {"prompt": "hi", "model": "gpt-4"},
+            404,
+            "model",
+            "'gpt-4' is not served here; models: tiny-gpt2",
+        ),
+        ("chat/completions", {"messages": []}, 400, "messages", "at least 1 item"),
+        (
+            "chat/completions",
+            {"messages": [{"role": "robot", "content": "x"}]},
+            400,
+            "messages.0.role",
+            "'system'",
+        ),
+        (
+            "chat/completions",
+            {"messages": MESSAGES, "max_tokens": 2, "max_completion_tokens": 2},
+            400,
+            None,
+            "not both",
+        ),
+    ],
+)
+def test_bad_openai_requests(
+    lm: str, path: str, body: dict[str, Any], status: int, param: str | None, message: str
+) -> None:
+    """OpenAI's error shape: {"error": {"message", "type", "param", "code"}}."""
+    got, answer = call("POST", f"{lm}/v1/{path}", body)
+    assert got == status, answer
+    error = answer["error"]
+    assert (
+        message in error["message"] and error["param"] == param and error["type"] == "invalid_request_error"
+    ), error
+    assert "\n" not in error["message"]
+
+
+def test_stop_text_holds_back_what_the_next_token_may_change() -> None:
+    """Pure: a partial UTF-8 character and a possible start of a stop string wait for the next token."""
+    stop_text = llm.StopText(text, ["END"])
+    assert stop_text.feed(list("é".encode())[:1]) == ""  # half of a two-byte character
+    assert stop_text.feed(list("é".encode())[1:] + list(b"x E")) == "éx "  # "E" may start "END"
+    assert stop_text.feed(list(b"Nope")) == "ENope"
+    assert stop_text.feed(list(b" EN")) == " "
+    assert stop_text.feed(list(b"D and more")) == "" and stop_text.stopped
+    assert stop_text.flush() == ""
+    tail = llm.StopText(text, ["END"])
+    assert tail.feed(list(b"ab E")) == "ab " and tail.flush() == "E"
