@@ -333,3 +333,102 @@ def test_stop_text_holds_back_what_the_next_token_may_change() -> None:
     assert stop_text.flush() == ""
     tail = llm.StopText(text, ["END"])
     assert tail.feed(list(b"ab E")) == "ab " and tail.flush() == "E"
+
+
+# --- several models, multiplexed ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def multi(
+    lm: str, tiny_lm: tuple[torch.nn.Module, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, dict[str, torch.nn.Module]]]:
+    """Two MLPs and the LM as one application under /multi, at most 2 models per replica."""
+    from ray import serve
+
+    from rayship_workloads import recipes
+    from rayship_workloads.serve import app_builder
+
+    mlps: dict[str, torch.nn.Module] = {}
+    uris = {"lm": str(tiny_lm[1])}
+    for seed, name in enumerate(("mlp-a", "mlp-b")):
+        torch.manual_seed(seed)
+        mlps[name] = recipes.MLP(3, [4], 1).eval()
+        setup = recipes.ModelSetup({"in_features": 3, "hidden": [4], "out_features": 1})
+        uris[name] = str(models.export(tmp_path_factory.mktemp(name), "mlp", setup, mlps[name].state_dict()))
+    args = {"models": uris, "modelCacheSize": 2, "routePrefix": "/multi", "numCpus": 0.25}
+    serve.run(app_builder(args), name="rayship-multi", route_prefix="/multi")
+    try:
+        yield lm.removesuffix("/lm") + "/multi", mlps
+    finally:
+        serve.delete("rayship-multi")
+
+
+def test_multiplexed_models_by_header(
+    multi: tuple[str, dict[str, torch.nn.Module]], tiny_lm: tuple[torch.nn.Module, Path]
+) -> None:
+    url, mlps = multi
+    row = [[0.5, -1.0, 2.0]]
+
+    def predict(name: str) -> list[list[float]]:
+        status, body = call(
+            "POST", f"{url}/predict", {"instances": row}, headers={"serve_multiplexed_model_id": name}
+        )
+        assert status == 200, body
+        return body["predictions"]  # type: ignore[no-any-return]
+
+    for name in ("mlp-a", "mlp-b"):
+        torch.testing.assert_close(
+            torch.tensor(predict(name)), mlps[name](torch.tensor(row)).detach(), rtol=0, atol=1e-5
+        )
+    assert predict("mlp-a") != predict("mlp-b")
+    # The LM by the header or by the OpenAI body's "model" (the cache holds 2: mlp-a is evicted).
+    want = reference(tiny_lm[0], "hi", 4)
+    by_body = call(
+        "POST", f"{url}/v1/completions", {"model": "lm", "prompt": "hi", "max_tokens": 4, "temperature": 0}
+    )
+    assert by_body[0] == 200 and by_body[1]["choices"][0]["text"] == want and by_body[1]["model"] == "lm"
+    predict("mlp-a")
+    stats = call("GET", f"{url}/stats", headers={"serve_multiplexed_model_id": "mlp-a"})[1]
+    assert stats["model_loads"] == {"mlp-a": 2, "mlp-b": 1, "lm": 1}, stats
+    assert [m["id"] for m in call("GET", f"{url}/v1/models")[1]["data"]] == ["lm", "mlp-a", "mlp-b"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "header", "status", "message"),
+    [
+        (
+            "predict",
+            {"instances": [[1.0, 2.0, 3.0]]},
+            None,
+            400,
+            "several models (lm, mlp-a, mlp-b): name one in the serve_multiplexed_model_id header",
+        ),
+        (
+            "predict",
+            {"instances": [[1.0, 2.0, 3.0]]},
+            "mlp-c",
+            404,
+            "model 'mlp-c' is not served here; models: lm, mlp-a, mlp-b",
+        ),
+        ("generate", {"prompt": "hi"}, "mlp-a", 400, "/generate needs a text model"),
+        (
+            "v1/completions",
+            {"model": "lm", "prompt": "hi"},
+            "mlp-a",
+            400,
+            "header says 'mlp-a' but the body's model is 'lm'",
+        ),
+    ],
+)
+def test_multiplexed_model_errors(
+    multi: tuple[str, dict[str, torch.nn.Module]],
+    path: str,
+    body: dict[str, Any],
+    header: str | None,
+    status: int,
+    message: str,
+) -> None:
+    headers = {"serve_multiplexed_model_id": header} if header else {}
+    got, answer = call("POST", f"{multi[0]}/{path}", body, headers=headers)
+    error = answer["error"]["message"] if path.startswith("v1/") else answer["error"]
+    assert got == status and message in error, answer

@@ -19,8 +19,9 @@ HTTP contract (paths relative to the application's route prefix; every body is J
                     text models, OpenAI-compatible (`llm`): max_tokens, temperature, top_p, stop, seed,
                     and "stream": true for server-sent events (`data: {...}` chunks, then `data: [DONE]`)
     GET  /healthz                                            -> {"status": "ok", "recipe": ..., "model_uri": ...}
-    GET  /stats     diagnostics: {"batch_sizes": [...]}, the number of requests in each of the replica's
-                    last STATS_WINDOW batches (per replica: with several replicas, one replica answers)
+    GET  /stats     diagnostics: {"batch_sizes": [...], "model_loads": {...}}, the number of requests in each
+                    of the replica's last STATS_WINDOW batches and its model loads (per replica: with several
+                    replicas, one replica answers)
 
 Several models (`models: {name: uri}`) are served with Serve's model multiplexing: a request names its
 model in the `serve_multiplexed_model_id` header (Serve routes it to a replica that has it loaded; the
@@ -324,6 +325,7 @@ class ModelServer:
         use_cuda = args.num_gpus > 0 and torch.cuda.is_available()
         self.device = torch.device("cuda" if use_cuda else "cpu")
         self.single: Loaded | None = None
+        self.model_loads: collections.Counter[str] = collections.Counter()  # with `models`: loads per model
         self.multiplexed: Callable[[str], Awaitable[Loaded]] | None = None
         if args.model_uri is not None:
             self.single = load(args.model_name, args.model_uri, self.device)
@@ -331,6 +333,7 @@ class ModelServer:
             uris = args.model_uris
 
             async def load_model(model_id: str) -> Loaded:
+                self.model_loads[model_id] += 1
                 return await asyncio.to_thread(load, model_id, uris[model_id], self.device)
 
             # Wired here, not on the class, so that the cache size comes from the args.
@@ -465,9 +468,10 @@ class ModelServer:
         return {"status": "ok", "recipe": self.single.recipe, "model_uri": self.single.uri}
 
     @api.get("/stats")
-    async def stats(self) -> dict[str, list[int]]:
-        """Diagnostics: requests per batch for this replica's last STATS_WINDOW batches."""
-        return {"batch_sizes": list(self.batch_sizes)}
+    async def stats(self) -> dict[str, Any]:
+        """Diagnostics: requests per batch for this replica's last STATS_WINDOW batches; with `models`,
+        how often each model was loaded on this replica (again after the cache evicted it)."""
+        return {"batch_sizes": list(self.batch_sizes), "model_loads": dict(self.model_loads)}
 
 
 # The Serve deployment of ModelServer (what `app_builder` binds; its name is the one KubeRay's
