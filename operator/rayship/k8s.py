@@ -200,14 +200,21 @@ def proxy_get(namespace: str, probe: Probe) -> tuple[int, str]:
     headers = {"x-ray-authorization": f"Bearer {probe.token}"} if probe.token else {}
     core = kubernetes.client.CoreV1Api(_client())
     try:
-        body, code, _ = core.connect_get_namespaced_service_proxy_with_path_with_http_info(
-            probe.service, namespace, probe.path, _headers=headers, _request_timeout=TIMEOUT
+        # raw: the client would otherwise turn a JSON body into a Python object's repr
+        raw = core.connect_get_namespaced_service_proxy_with_path(
+            probe.service,
+            namespace,
+            probe.path,
+            _headers=headers,
+            _request_timeout=TIMEOUT,
+            _preload_content=False,
         )
     except ApiException as err:
         return int(err.status or 0), str(err.body or err.reason or "")
     except (OSError, urllib3.exceptions.HTTPError) as err:  # not reached: said in the status
         return 0, str(err)
-    return int(code), body if isinstance(body, str) else json.dumps(body)
+    response = cast(Any, raw)
+    return int(response.status), bytes(response.data).decode("utf-8", errors="replace")
 
 
 def patch(resource: Resource, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
