@@ -170,12 +170,6 @@ def test_modelservice_serves_the_trained_model_through_the_api_servers_service_p
     print(f"serving: Ready and predicting in {time.monotonic() - t0:.0f}s")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (issue 9 §4.4): requests keep succeeding, but status.modelURI flips to the new "
-    "model while Serve still answers with the old one: KubeRay's status does not say which serve config "
-    "runs (it reads the application status before it submits); confirming from Serve itself is open",
-)
 def test_a_retrained_model_rolls_out_in_place_while_requests_keep_succeeding(
     cluster, operator, kube: Kube
 ) -> None:
@@ -208,10 +202,10 @@ def test_a_retrained_model_rolls_out_in_place_while_requests_keep_succeeding(
 
     def load() -> None:  # requests all through the rollout
         while not stop.is_set():
+            uri = kube.status(MS, SERVING).get("modelURI")  # read before the request is sent
             res = cluster.kubectl(
                 "create", "--raw", path, "-f", "-", input=json.dumps({"instances": rows}), check=False
             )
-            uri = kube.status(MS, SERVING).get("modelURI")
             flat = (
                 [y for row in json.loads(res.stdout)["predictions"] for y in row]
                 if res.returncode == 0
@@ -234,9 +228,15 @@ def test_a_retrained_model_rolls_out_in_place_while_requests_keep_succeeding(
         worker.join(30)
     failed = [a for a in answers if a[1] is None]
     assert answers and not failed, f"{len(failed)} of {len(answers)} requests failed during the rollout"
-    # Once the status names the new model, Serve answers with it.
+    # Once the status names the new model, Serve answers with it: every request sent after that.
     after = [flat for uri, flat in answers if uri == new]
-    assert after and after[-1] == pytest.approx(expected_new, rel=1e-5, abs=1e-6)
+    assert after, "no request was sent after modelURI named the new model"
+    for flat in after:
+        assert flat == pytest.approx(expected_new, rel=1e-5, abs=1e-6), (
+            "modelURI named a model Serve did not serve"
+        )
+    upgrading = kube.condition(MS, SERVING, "Upgrading")
+    assert upgrading["status"] == "False", upgrading
     rs = kube.status(RS, names.rayservice_name(SERVING))
     assert rs["activeServiceStatus"]["rayClusterName"] == cluster_before  # in place: same cluster
     print(f"rollout: {len(answers)} requests answered, modelURI switched after {time.monotonic() - t0:.0f}s")

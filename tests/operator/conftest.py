@@ -23,7 +23,8 @@ import pytest
 
 from tests.operator.kube import Kube
 
-REFUSED = re.compile(r"\b403\b|Forbidden|forbidden")
+# a 403 anywhere but in a log line's timestamp ("19:59:05,403"): its milliseconds once matched
+REFUSED = re.compile(r"(?<![,\d])403(?!\d)|Forbidden|forbidden")
 # Not RBAC: Events about an object of a test namespace that is being deleted.
 TERMINATING = "because it is being terminated"
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
