@@ -61,6 +61,11 @@ RAY_VERSION_PATTERN = r"^(2\.(5[2-9]|[6-9][0-9]|[1-9][0-9]{2,})|([3-9]|[1-9][0-9
 INT32_MAX = 2**31 - 1  # KubeRay's int32 fields (activeDeadlineSeconds, ttlSecondsAfterFinished)
 MAX_SPEC_BYTES = 64 * 1024  # the resolved spec travels in the RayJob's entrypoint and an annotation
 CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+# Environment variable names that say they hold a secret (RE2 and Python re alike): their values
+# belong in a Secret (`env[].valueFrom.secretKeyRef`), never in the spec.
+SECRET_NAME_PATTERN = r"(?i)(pass(word)?|secret|token|api_?key|access_?key|private_?key|credential)"
+# runtimeEnv.workingDir in a cluster: a zip archive Ray downloads (a local folder only for `rayship run`).
+WORKING_DIR_URI_PATTERN = r"^(s3|gs|https?)://.+[.]zip$"
 
 
 # --- CEL rules: written once, enforced by the API server and by pydantic -----------------------
@@ -295,6 +300,15 @@ class DeepSpeedSpec(ApiModel):
     precision: Literal["fp32", "fp16", "bf16"] = Field("bf16", description="Training precision.")
 
 
+# Keys of every loop's config that come from the trainer's fields (loop key -> trainer field).
+LOOP_HYPERPARAMETERS = {
+    "lr": "learningRate",
+    "learningRate": "learningRate",
+    "batch_size": "batchSizePerWorker",
+    "epochs": "epochs",
+}
+
+
 class TrainerSpec(ApiModel):
     """What to train and how: a built-in recipe or your own train loop, and the parallel strategy."""
 
@@ -324,7 +338,54 @@ class TrainerSpec(ApiModel):
     batch_size_per_worker: int = Field(64, ge=1, le=1_000_000, description="Batch size on each worker.")
     learning_rate: float = Field(1e-3, gt=0, le=10, description="Optimizer learning rate.")
     config: dict[str, Any] = Field(
-        default_factory=dict, description="Free-form settings handed to the train loop as-is."
+        default_factory=dict,
+        description="Free-form settings handed to the train loop as-is, at the top level of its config "
+        "(beside lr, learningRate, batch_size and epochs, which rayship sets from the fields above).",
+    )
+
+    @model_validator(mode="after")
+    def _config_leaves_hyperparameters_to_their_fields(self) -> TrainerSpec:
+        """The loop config's `lr`/`learningRate`/`batch_size`/`epochs` come from the trainer fields
+        (so a search over learningRate reaches the loop): trainer.config may not set them too."""
+        taken = [k for k in LOOP_HYPERPARAMETERS if k in self.config]
+        if taken:
+            field = LOOP_HYPERPARAMETERS[taken[0]]
+            raise ValueError(
+                f"config.{taken[0]}: set by rayship from trainer.{field} (every loop gets lr, learningRate, "
+                f"batch_size and epochs in its config); set trainer.{field} instead"
+            )
+        return self
+
+
+DATA_FORMATS = Literal["parquet", "csv", "jsonl"]
+
+
+class ValidationDataSpec(ApiModel):
+    """Held-out data evaluated after every epoch (`evalLoss`, and `perplexity` for causal-lm)."""
+
+    cel_rules: ClassVar = (
+        CelRule(
+            "has(self.fraction) != has(self.uri)",
+            "set exactly one of data.validation.fraction (a share of the training data) or data.validation.uri",
+        ),
+        CelRule("!has(self.format) || has(self.uri)", "data.validation.format applies only with uri"),
+        CelRule(
+            "!has(self.uri) || has(self.format) || self.uri.matches('[.](parquet|csv|jsonl)$')",
+            "set data.validation.format (parquet, csv or jsonl): it cannot be inferred from the uri's extension",
+        ),
+    )
+    fraction: float | None = Field(
+        None,
+        gt=0,
+        le=0.5,
+        allow_inf_nan=False,
+        description="Hold out this share of the training data (seeded split), e.g. 0.1.",
+    )
+    uri: str | None = Field(
+        None, min_length=1, description="Local/PVC path or s3:// URI of separate validation data."
+    )
+    format: DATA_FORMATS | None = Field(
+        None, description="File format of uri; inferred from its extension when omitted."
     )
 
 
@@ -353,10 +414,13 @@ class DataSpec(ApiModel):
         min_length=1,
         description="Local/PVC path or s3:// URI of the training data (source: uri).",
     )
-    format: Literal["parquet", "csv", "jsonl"] | None = Field(
+    format: DATA_FORMATS | None = Field(
         None, description="File format; inferred from the uri's extension when omitted."
     )
     samples: int = Field(4096, ge=1, le=100_000_000, description="Rows to generate (synthetic only).")
+    validation: ValidationDataSpec | None = Field(
+        None, description="Validation data, evaluated after every epoch: {fraction} or {uri, format}."
+    )
 
 
 class WorkersSpec(ApiModel):
@@ -424,6 +488,16 @@ class CheckpointSpec(ApiModel):
     )
     keep: int = Field(3, ge=1, le=1000, description="How many checkpoints to keep.")
     every_epochs: int = Field(1, ge=1, le=100_000, description="Checkpoint every N epochs.")
+    metric: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        description="Reported metric that picks the best checkpoint (status.checkpoint.best, bestModel); "
+        "default evalLoss with data.validation, else loss.",
+    )
+    mode: Literal["min", "max"] | None = Field(
+        None, description="min (the default) or max: whether a lower or a higher metric is better."
+    )
 
 
 class FailurePolicy(ApiModel):
@@ -466,14 +540,14 @@ class SearchDimension(ApiModel):
 
     cel_rules: ClassVar = (
         CelRule(
-            "self.distribution == 'choice' || (has(self.low) && has(self.high) && self.low < self.high)",
+            "self.distribution in ['choice', 'grid'] || (has(self.low) && has(self.high) && self.low < self.high)",
             "loguniform, uniform and randint need low < high",
         ),
         # The API server's CEL cannot see `values` (its items are any JSON, so it has no CEL type):
         # this rule is checked by rayship (CLI and operator), and the CRD keeps minItems: 1.
         CelRule(
-            "self.distribution != 'choice' || (has(self.values) && size(self.values) > 0)",
-            "choice needs a non-empty values list",
+            "!(self.distribution in ['choice', 'grid']) || (has(self.values) && size(self.values) > 0)",
+            "choice and grid need a non-empty values list",
             in_crd=False,
         ),
         CelRule(
@@ -486,9 +560,10 @@ class SearchDimension(ApiModel):
             "randint needs whole-number low and high",
         ),
     )
-    distribution: Literal["loguniform", "uniform", "choice", "randint"] = Field(
+    distribution: Literal["loguniform", "uniform", "choice", "randint", "grid"] = Field(
         ...,
-        description="loguniform/uniform (floats in [low, high)), randint (integers in [low, high)), choice.",
+        description="loguniform/uniform (floats in [low, high)), randint (integers in [low, high)), "
+        "choice (one of values at random), grid (every one of values: numSamples repeats the whole grid).",
     )
     low: float | None = Field(
         None, allow_inf_nan=False, description="Lower bound (loguniform, uniform, randint)."
@@ -496,7 +571,27 @@ class SearchDimension(ApiModel):
     high: float | None = Field(
         None, allow_inf_nan=False, description="Upper bound, exclusive (loguniform, uniform, randint)."
     )
-    values: list[Any] | None = Field(None, min_length=1, max_length=256, description="Candidates (choice).")
+    values: list[Any] | None = Field(
+        None, min_length=1, max_length=256, description="Candidates (choice, grid)."
+    )
+
+
+class AshaSpec(ApiModel):
+    """ASHA's knobs (scheduler: asha), in epochs."""
+
+    max_t: int | None = Field(
+        None, ge=1, le=100_000, description="Longest a trial runs (default trainer.epochs)."
+    )
+    grace_period: int = Field(
+        1, ge=1, le=100_000, description="Epochs every trial runs before it can be stopped."
+    )
+    reduction_factor: float = Field(
+        2,
+        gt=1,
+        le=100,
+        allow_inf_nan=False,
+        description="1/reductionFactor of the trials go on at each rung.",
+    )
 
 
 class TuningSpec(ApiModel):
@@ -519,6 +614,14 @@ class TuningSpec(ApiModel):
             "|| self.searchSpace.learningRate.low > 0.0",
             "a learningRate range starts above 0",
         ),
+        CelRule(
+            "!has(self.asha) || self.scheduler == 'asha'",
+            "tuning.asha settings need scheduler: asha (or remove tuning.asha)",
+        ),
+        CelRule(
+            "!has(self.asha) || !has(self.asha.maxT) || self.asha.gracePeriod <= self.asha.maxT",
+            "tuning.asha.gracePeriod must not exceed maxT",
+        ),
     )
     num_samples: int = Field(4, ge=1, le=1000, description="Number of trials.")
     metric: str = Field("loss", min_length=1, description="Reported metric to optimize.")
@@ -526,6 +629,7 @@ class TuningSpec(ApiModel):
     scheduler: Literal["fifo", "asha"] = Field(
         "asha", description="asha stops poor trials early (by epoch); fifo runs every trial to the end."
     )
+    asha: AshaSpec | None = Field(None, description="ASHA's knobs (scheduler: asha).")
     max_concurrent_trials: int = Field(
         1, ge=1, le=256, description="Trials running at once (each takes the worker group)."
     )
@@ -548,6 +652,64 @@ class TuningSpec(ApiModel):
             if bad:
                 raise ValueError(f"searchSpace.{key}.values must each be {what} (got {bad[:3]!r})")
         return self
+
+
+class RuntimeEnvSpec(ApiModel):
+    """Code and packages shipped with the job (Ray's runtime environment) instead of baked into an image."""
+
+    cel_rules: ClassVar = (
+        CelRule(
+            "!has(self.workingDir) || self.workingDir.matches('"
+            + WORKING_DIR_URI_PATTERN.replace("\\", "\\\\")
+            + "')",
+            "runtimeEnv.workingDir: in a cluster it must be a zip archive's URI (s3://, gs:// or "
+            "https://..., ending in .zip); a local folder works only with `rayship run`",
+            cluster_only=True,
+        ),
+        CelRule(
+            "!has(self.envVars) || self.envVars.all(k, k.matches('"
+            + ENV_NAME_PATTERN
+            + "') && k.size() <= 128 && !k.startsWith('RAYSHIP_') && k != 'NVIDIA_VISIBLE_DEVICES')",
+            "runtimeEnv.envVars names must be letters, digits and '_' (not starting with a digit), not "
+            "RAYSHIP_* or NVIDIA_VISIBLE_DEVICES",
+        ),
+        CelRule(
+            "!has(self.envVars) || self.envVars.all(k, !k.matches('" + SECRET_NAME_PATTERN + "'))",
+            "runtimeEnv.envVars: a name that looks like a secret (password, token, key, credential): its "
+            "value would be shown in the RayJob and Ray's dashboard; put it in a Secret and use "
+            "spec.env[].valueFrom.secretKeyRef",
+        ),
+    )
+    working_dir: str | None = Field(
+        None,
+        min_length=1,
+        max_length=2048,
+        description="Your code: a local folder for `rayship run` (relative to the YAML file), a zip "
+        "archive's URI in a cluster (s3://, gs://, https://). The driver and every worker run in it, "
+        "so trainer.entrypoint's module is importable.",
+    )
+    pip: list[Annotated[str, Field(min_length=1, max_length=512)]] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Python packages installed for the job's workers (pip requirement specifiers).",
+    )
+    env_vars: dict[str, Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Plain environment variables for the job (never secrets: use spec.env with valueFrom).",
+    )
+
+    def as_ray(self, working_dir: str | None = None) -> dict[str, Any]:
+        """Ray's runtime_env for it (only what is set); `working_dir` replaces workingDir (local mode
+        resolves a relative folder)."""
+        ray_env: dict[str, Any] = {}
+        if working_dir or self.working_dir:
+            ray_env["working_dir"] = working_dir or self.working_dir
+        if self.pip:
+            ray_env["pip"] = list(self.pip)
+        if self.env_vars:
+            ray_env["env_vars"] = dict(sorted(self.env_vars.items()))
+        return ray_env
 
 
 class TrainingJobSpec(ApiModel):
@@ -594,6 +756,9 @@ class TrainingJobSpec(ApiModel):
     )
     env: list[EnvVar] = Field(
         default_factory=list, max_length=64, description="Environment for every Ray container."
+    )
+    runtime_env: RuntimeEnvSpec | None = Field(
+        None, description="Ship your code and packages with the job (Ray runtime environment)."
     )
 
     @model_validator(mode="after")

@@ -181,14 +181,20 @@ def _route_prefix(value: str) -> str:
 SERVABLE_SCHEMES = ("s3://", "gs://")
 
 
+def _base_dir(path: str) -> Path:
+    """Where relative paths in a YAML file are: its folder (the current one for stdin)."""
+    return Path.cwd() if path == "-" else Path(path).resolve().parent
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     local = _workloads()
     from rayship_workloads.data import DataError
+    from rayship_workloads.train import TrainingFailed
 
     doc = _one_trainingjob(args.file)
     try:
-        local.run(doc, runs_dir=_runs_dir(args.runs_dir))
-    except DataError as err:
+        local.run(doc, runs_dir=_runs_dir(args.runs_dir), restart=args.restart, base_dir=_base_dir(args.file))
+    except (DataError, local.RunRefused, TrainingFailed) as err:
         raise InputError(f"{args.file}: {err}") from None
     return 0
 
@@ -265,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="train a TrainingJob on local Ray (GPUs scaled down to CPU if absent)")
     p.add_argument("-f", "--file", required=True, help="TrainingJob YAML/JSON file, or - for stdin")
     p.add_argument("--runs-dir", default="rayship-runs", help="where checkpoints, metrics and the model go")
+    p.add_argument(
+        "--restart", action="store_true", help="train a finished job again from scratch (its run is replaced)"
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("serve", help="serve a ModelService or an exported model on local Ray (until Ctrl-C)")

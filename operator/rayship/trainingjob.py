@@ -21,6 +21,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+import yaml
+
 from rayship import api, names, pods
 from rayship.conditions import (
     STUCK_WAITING_REASONS,
@@ -76,7 +78,7 @@ def applied_record(spec: dict[str, Any]) -> str:
     return canonical_json(record)
 
 
-SECRET_NAME = re.compile(r"(?i)(pass(word)?|secret|token|api_?key|access_?key|private_?key|credential)")
+SECRET_NAME = re.compile(api.SECRET_NAME_PATTERN)
 
 
 def secret_looking_env(tj: api.TrainingJob) -> list[str]:
@@ -192,6 +194,10 @@ def build_rayjob(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
             ],
         },
     }
+    if spec.runtime_env is not None and (runtime_env := spec.runtime_env.as_ray()):
+        # The job's runtime environment: KubeRay hands it to Ray with the submission, so the driver
+        # and every worker run in workingDir (downloaded by Ray) with the pip packages and envVars.
+        rayjob_spec["runtimeEnvYAML"] = yaml.safe_dump(runtime_env, sort_keys=True)
     if spec.failure_policy.active_deadline_seconds is not None:
         rayjob_spec["activeDeadlineSeconds"] = spec.failure_policy.active_deadline_seconds
     metadata: dict[str, Any] = {"name": name}

@@ -221,11 +221,81 @@ SPEC_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
         ),
         "a learningRate range starts above 0",
     ),
+    # spec.runtimeEnv (issue 12): a local folder only for `rayship run`, no secrets in plain envVars
+    ("runtime-env-local-folder-in-cluster", _set("spec.runtimeEnv", {"workingDir": "."}), "spec.runtimeEnv"),
+    (
+        "runtime-env-secret-looking-var",
+        _set("spec.runtimeEnv", {"envVars": {"HF_TOKEN": "hf_abc"}}),
+        "spec.runtimeEnv",
+    ),
+    ("runtime-env-bad-var-name", _set("spec.runtimeEnv", {"envVars": {"1X": "y"}}), "spec.runtimeEnv"),
+    ("runtime-env-pip-not-a-list", _set("spec.runtimeEnv", {"pip": "torch"}), "spec.runtimeEnv.pip"),
+    (
+        "validation-fraction-and-uri",
+        _set("spec.data.validation", {"fraction": 0.1, "uri": "/data/val.csv"}),
+        "spec.data.validation",
+    ),
+    (
+        "validation-fraction-too-big",
+        _set("spec.data.validation", {"fraction": 0.9}),
+        "spec.data.validation.fraction",
+    ),
+    (
+        "validation-format-without-uri",
+        _set("spec.data.validation", {"fraction": 0.1, "format": "csv"}),
+        "spec.data.validation",
+    ),
+    ("checkpoint-mode-unknown", _set("spec.checkpoint.mode", "best"), "spec.checkpoint.mode"),
+    (
+        "asha-knobs-with-fifo",
+        _set(
+            "spec.tuning",
+            {
+                "scheduler": "fifo",
+                "asha": {"gracePeriod": 2},
+                "searchSpace": {"epochs": {"distribution": "grid", "values": [1, 2]}},
+            },
+        ),
+        "spec.tuning",
+    ),
+    (
+        "asha-grace-over-max",
+        _set(
+            "spec.tuning",
+            {
+                "asha": {"gracePeriod": 5, "maxT": 2},
+                "searchSpace": {"learningRate": {"distribution": "loguniform", "low": 0.001, "high": 0.1}},
+            },
+        ),
+        "spec.tuning",
+    ),
+    (
+        "asha-reduction-factor-one",
+        _set(
+            "spec.tuning",
+            {
+                "asha": {"reductionFactor": 1},
+                "searchSpace": {"learningRate": {"distribution": "loguniform", "low": 0.001, "high": 0.1}},
+            },
+        ),
+        "spec.tuning.asha.reductionFactor",
+    ),
 ]
 
 # Rejected by rayship (the CLI and the operator: phase Invalid) though no CRD rule can say it: the
 # API server's CEL cannot type a list of any JSON, measure an object, or see integers past int64.
 RAYSHIP_ONLY_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
+    # every loop gets lr/learningRate/batch_size/epochs from the trainer fields; config may not shadow them
+    (
+        "config-sets-lr",
+        _set("spec.trainer.config", {"lr": 0.1}),
+        "config.lr: set by rayship from trainer.learningRate",
+    ),
+    (
+        "tune-grid-without-values",
+        _set("spec.tuning", {"searchSpace": {"config.h": {"distribution": "grid"}}}),
+        "choice and grid need a non-empty values list",
+    ),
     (
         "tune-lr-choice-of-junk",
         _set(
@@ -237,7 +307,7 @@ RAYSHIP_ONLY_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
     (
         "tune-choice-without-values",
         _set("spec.tuning", {"searchSpace": {"config.h": {"distribution": "choice"}}}),
-        "choice needs a non-empty values list",
+        "choice and grid need a non-empty values list",
     ),
     ("int-beyond-int64", _set("spec.trainer.config", {"x": 2**63}), "spec.trainer.config.x"),
     ("spec-over-64kib", _set("spec.trainer.config", {"blob": "x" * 70_000}), "bytes serialized"),

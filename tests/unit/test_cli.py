@@ -147,3 +147,38 @@ def test_serve_with_a_wrong_model_uri_is_explained_before_ray_starts(tmp_path: P
     assert code == 1 and "--model" in err and "no such directory" in err and "Traceback" not in err
     code, _, err = run(capsys, "serve", "--model", str(tmp_path))  # a directory, but not a model
     assert code == 1 and "not a rayship model (no rayship-model.json)" in err
+
+
+def test_run_with_a_missing_working_dir_is_explained_before_ray_starts(tmp_path: Path, capsys) -> None:
+    """runtimeEnv.workingDir is a local folder for `rayship run`, relative to the YAML file."""
+    pytest.importorskip("ray", reason="the workload stack is not installed: run `make setup`")
+    doc = yaml.safe_load(SAMPLE.read_text())
+    doc["spec"]["runtimeEnv"] = {"workingDir": "my-code"}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, out, err = run(capsys, "run", "-f", str(path), "--runs-dir", str(tmp_path / "runs"))
+    assert code == 1 and out == ""
+    assert err == f"error: {path}: spec.runtimeEnv.workingDir: {tmp_path / 'my-code'} is not a folder\n"
+
+
+def test_render_ships_the_runtime_env_and_refuses_a_local_folder(tmp_path: Path, capsys) -> None:
+    doc = yaml.safe_load(SAMPLE.read_text())
+    doc["spec"]["runtimeEnv"] = {
+        "workingDir": "https://example.com/code/v1.zip",
+        "pip": ["emoji==2.14.1"],
+        "envVars": {"LOG_LEVEL": "debug"},
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, out, _ = run(capsys, "render", "-f", str(path))
+    rayjob = list(yaml.safe_load_all(out))[-1]
+    assert code == 0 and yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"]) == {
+        "working_dir": "https://example.com/code/v1.zip",
+        "pip": ["emoji==2.14.1"],
+        "env_vars": {"LOG_LEVEL": "debug"},
+    }
+    doc["spec"]["runtimeEnv"]["workingDir"] = "."
+    path.write_text(yaml.safe_dump(doc))
+    code, out, err = run(capsys, "render", "-f", str(path))
+    assert (code, out) == (1, "")
+    assert "spec.runtimeEnv: runtimeEnv.workingDir: in a cluster it must be a zip archive's URI" in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -40,3 +41,64 @@ def crash_once(config: dict[str, Any]) -> None:
             raise RuntimeError("injected worker failure")
 
     recipes.mlp_loop(config, on_epoch_end=maybe_crash)
+
+
+def as_written(config: dict[str, Any]) -> None:
+    """Reports what an own loop gets: the hyperparameters at the top level of its config, and the
+    data's own columns (here text, no label column)."""
+    shard = ray.train.get_dataset_shard("train")
+    rows = shard.iter_rows()
+    first = next(iter(rows))
+    for epoch in range(1, config["epochs"] + 1):
+        ray.train.report(
+            {
+                "epoch": epoch,
+                "lr": config["lr"],
+                "learningRate": config["learningRate"],
+                "batch_size": config["batch_size"],
+                "epochs": config["epochs"],
+                "echo": config["echo"],
+                "columns_as_written": config["rayship"]["columns"] == ["text", "score"],
+                "row_has_text": isinstance(first["text"], str),
+                "env_seen": os.environ.get("TEST_RUNTIME_VAR") == "from-runtime-env",
+            }
+        )
+
+
+def fails_deterministically(config: dict[str, Any]) -> None:
+    """A bug in the loop's own code: the same error at the same place every time."""
+    print("about to fail", flush=True)
+    raise IndexError("index out of range in self")
+
+
+def hf_trainer(config: dict[str, Any]) -> None:
+    """A user's own Hugging Face Trainer loop, as in Ray's tutorial: a tiny causal LM from a config
+    (nothing downloaded), Ray Data batches, RayTrainReportCallback + prepare_trainer."""
+    import tempfile
+
+    from ray.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
+    from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments
+
+    tokens = recipes.Tokens({}, max_length=config["max_length"])  # byte-level tokens
+    shard = ray.train.get_dataset_shard("train")
+    batches = shard.iter_torch_batches(
+        batch_size=config["batch_size"], collate_fn=lambda b: tokens([str(t) for t in b["text"]])
+    )
+    model = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model("gpt2", n_layer=1, n_head=2, n_embd=32, n_positions=64, vocab_size=260)
+    )
+    args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=config["batch_size"],
+        learning_rate=config["lr"],
+        max_steps=config["max_steps"],
+        logging_steps=config["max_steps"] // 2,
+        save_strategy="steps",
+        save_steps=config["max_steps"] // 2,
+        report_to="none",
+        use_cpu=True,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=batches)
+    trainer.add_callback(RayTrainReportCallback())
+    trainer = prepare_trainer(trainer)
+    trainer.train()

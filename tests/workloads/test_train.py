@@ -7,6 +7,7 @@ Each test is a real multi-worker TorchTrainer run (~20-30 s each on 2 cores).
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -169,17 +170,28 @@ def test_parquet_data_through_ray_data(ray_session, tmp_path: Path) -> None:
         }
     )
     pq.write_table(table, tmp_path / "train.parquet")
+    pq.write_table(table.slice(0, 128), tmp_path / "val.parquet")
     doc = spec(
         tmp_path,
         **{
-            "data": {"source": "uri", "uri": str(tmp_path / "train.parquet")},
+            "data": {
+                "source": "uri",
+                "uri": str(tmp_path / "train.parquet"),
+                "validation": {"uri": str(tmp_path / "val.parquet")},
+            },
             "trainer.config": {"label": "target"},
             "trainer.epochs": 3,
             "workers.replicas": 1,
+            # the "best" checkpoint by the highest training loss: epoch 1's, deterministically
+            "checkpoint": {"metric": "loss", "mode": "max", "keep": 3},
         },
     )
     outcome, metrics = fit(doc, tmp_path)
     assert losses(metrics)[-1] < losses(metrics)[0]
+    eval_losses = [r["metrics"]["evalLoss"] for r in json.loads(metrics.read_text())]
+    assert len(eval_losses) == 3 and eval_losses[-1] < eval_losses[0], eval_losses
+    assert outcome.best is not None and outcome.best.endswith("epoch-00001")
+    assert outcome.best_model_uri is not None and outcome.best_model_uri.endswith("model-best")
     assert outcome.model_uri is not None
     _, manifest = models.load_model(outcome.model_uri)
     assert manifest["features"] == ["a", "b", "c", "d"]
@@ -221,7 +233,12 @@ def test_unknown_entrypoint_is_explained(tmp_path: Path) -> None:
         recipes.train_loop(own("no_such_module:loop"))
     with pytest.raises(ValueError, match="has no function 'nope'"):
         recipes.train_loop(own("tests.workloads.loops:nope"))
-    assert recipes.train_loop(own("tests.workloads.loops:echo_config")).__name__ == "echo_config"
+    assert recipes.resolve_entrypoint("tests.workloads.loops:echo_config").__name__ == "echo_config"
+    # imported again on each worker (its module may come with runtimeEnv.workingDir)
+    loop = recipes.train_loop(own("tests.workloads.loops:echo_config"))
+    assert getattr(loop, "func", None) is recipes.run_own_loop and loop.args == (
+        "tests.workloads.loops:echo_config",
+    )
 
 
 @pytest.mark.parametrize(
@@ -277,11 +294,13 @@ def test_rayship_run_of_a_tuning_spec_runs_the_trials_and_reports_the_best(
     s["data"]["samples"] = 512
     s["workers"].update(replicas=1, gpusPerWorker=0)
     s["tuning"].update(
-        numSamples=4,
+        numSamples=2,  # the grid of 2 values, twice: 4 trials
         maxConcurrentTrials=1,
+        scheduler="asha",
+        asha={"maxT": 3, "gracePeriod": 1, "reductionFactor": 3},
         searchSpace={
             "learningRate": {"distribution": "loguniform", "low": 1e-4, "high": 3e-2},
-            "config.hidden": {"distribution": "choice", "values": [[16], [32, 32]]},
+            "config.hidden": {"distribution": "grid", "values": [[16], [32, 32]]},
         },
     )
     path, runs = tmp_path / "tuning.yaml", tmp_path / "runs"
@@ -298,6 +317,9 @@ def test_rayship_run_of_a_tuning_spec_runs_the_trials_and_reports_the_best(
     assert set(result["metrics"]) == {"epoch", "step", "loss", "resumed_from_epoch"}  # the loop's, not Tune's
     trial_lines = [line for line in out.splitlines() if line.startswith("trial ") and "learningRate=" in line]
     assert len(trial_lines) == 4 and any(tuning["bestTrial"] in line for line in trial_lines), out
+    # every grid value, numSamples times
+    assert sum("config.hidden=[16] " in line + " " for line in trial_lines) == 2, trial_lines
+    assert sum("config.hidden=[32, 32]" in line for line in trial_lines) == 2, trial_lines
     assert f"best trial {tuning['bestTrial']}: loss " in out
     assert f"config {json.dumps(best, sort_keys=True)}" in out
     assert result["best"] and result["model"] == result["bestModel"]
@@ -317,6 +339,7 @@ def test_causal_lm_recipe_on_a_tiny_config(ray_session, tmp_path: Path, strategy
         "trainer.learningRate": 0.003,
         "trainer.config": {"max_length": 32},
         "data.samples": 256,
+        "data.validation": {"fraction": 0.25},
     }
     if strategy == "deepspeed":
         changes["trainer.deepspeed"] = {"zeroStage": 2, "precision": "fp32"}
@@ -324,6 +347,8 @@ def test_causal_lm_recipe_on_a_tiny_config(ray_session, tmp_path: Path, strategy
     outcome, metrics = fit(doc, tmp_path)
     history = losses(metrics)
     assert history[-1] < history[0], history
+    last = json.loads(metrics.read_text())[-1]["metrics"]
+    assert last["perplexity"] == pytest.approx(math.exp(last["evalLoss"]))  # the same on every rank
     assert outcome.model_uri is not None
     model, manifest = models.load_model(outcome.model_uri)
     assert manifest["recipe"] == "causal-lm" and manifest["tokenizer"] == "bytes"

@@ -4,6 +4,10 @@ Two kinds of data, chosen by the recipe (`recipes.Recipe.data_kind`):
 - tabular: feature columns plus a label column (default `y`); synthetic tabular data has features
   `x0..x{n-1}` (`trainer.config.features`, default 8);
 - text: a `text` column.
+
+Own loops (`trainer.entrypoint`) get the data as it is written (any columns); synthetic data for them
+is tabular. `data.validation` adds a held-out dataset (`validation`): a seeded share of the training
+data, or its own uri.
 """
 
 from __future__ import annotations
@@ -79,21 +83,46 @@ def seed(config: Mapping[str, Any]) -> int:
     return int(config.get("seed", 0))
 
 
+def read(uri: str, fmt: str, field: str) -> ray.data.Dataset:
+    """The dataset at `uri` in `fmt`; a DataError naming `field` if it cannot be read."""
+    fs, path = storage.filesystem(uri)
+    try:
+        found = fs.get_file_info(path).type != pafs.FileType.NotFound
+    except OSError as err:  # e.g. no credentials for s3://
+        raise DataError(f"{field}: cannot read {uri}: {err}") from None
+    if not found:
+        raise DataError(f"{field}: {uri} does not exist")
+    return READERS[fmt](uri)
+
+
 def load(spec: api.DataSpec, *, kind: DataKind, config: Mapping[str, Any]) -> ray.data.Dataset:
     """The training dataset for a TrainingJob's `spec.data`; `config` is `trainer.config`."""
     if spec.source == "synthetic":
         if kind == "text":
             return synthetic_text(spec.samples, seed(config))
         return synthetic_tabular(spec.samples, synthetic_features(config), seed(config))
-    uri = data_uri(spec)
-    fs, path = storage.filesystem(uri)
-    try:
-        found = fs.get_file_info(path).type != pafs.FileType.NotFound
-    except OSError as err:  # e.g. no credentials for s3://
-        raise DataError(f"spec.data.uri: cannot read {uri}: {err}") from None
-    if not found:
-        raise DataError(f"spec.data.uri: {uri} does not exist")
-    return READERS[data_format(spec)](uri)
+    return read(data_uri(spec), data_format(spec), "spec.data.uri")
+
+
+def split(
+    dataset: ray.data.Dataset, spec: api.DataSpec, config: Mapping[str, Any]
+) -> tuple[ray.data.Dataset, ray.data.Dataset | None]:
+    """(training, validation) for `spec.validation`: a seeded `fraction` held out of `dataset`, or
+    the data at its `uri`; (dataset, None) without validation."""
+    held_out = spec.validation
+    if held_out is None:
+        return dataset, None
+    if held_out.fraction is not None:
+        if dataset.count() < 2:
+            raise DataError("spec.data.validation.fraction: the training data has fewer than 2 rows to split")
+        train, validation = dataset.train_test_split(
+            test_size=held_out.fraction, shuffle=True, seed=seed(config)
+        )
+        return train, validation
+    if held_out.uri is None:  # the API requires exactly one of fraction and uri
+        raise DataError("spec.data.validation: set fraction or uri")
+    fmt = held_out.format or held_out.uri.rsplit(".", 1)[-1]
+    return dataset, read(held_out.uri, fmt, "spec.data.validation.uri")
 
 
 def label(config: Mapping[str, Any]) -> str:

@@ -114,9 +114,16 @@ def cluster_storage_root(spec: api.TrainingJobSpec) -> str:
     return store.uri
 
 
-def run(tj: api.TrainingJob, *, storage_root: str, reporter: Reporter) -> JobResult:
+def run(
+    tj: api.TrainingJob,
+    *,
+    storage_root: str,
+    reporter: Reporter,
+    runtime_env: dict[str, Any] | None = None,
+) -> JobResult:
     """Train `tj` (or tune it, with `spec.tuning`) with checkpoints and models under `storage_root`;
-    report progress and the result through `reporter`."""
+    report progress and the result through `reporter`. `runtime_env`: Ray's runtime env for the
+    training workers (local mode; in a cluster `spec.runtimeEnv` is the whole job's, from the RayJob)."""
     tuning = tj.spec.tuning
     if tuning is None:
         outcome = train.train(
@@ -124,6 +131,7 @@ def run(tj: api.TrainingJob, *, storage_root: str, reporter: Reporter) -> JobRes
             storage_root=storage_root,
             callbacks=[reporter.progress(epochs=tj.spec.trainer.epochs, storage_root=storage_root)],
             quiet=reporter.quiet,
+            runtime_env=runtime_env,
         )
         checkpoint = {
             "latest": outcome.latest,
@@ -133,7 +141,7 @@ def run(tj: api.TrainingJob, *, storage_root: str, reporter: Reporter) -> JobRes
         }
         result = JobResult(api.CheckpointStatus.model_validate(checkpoint), metrics=outcome.metrics)
     else:
-        found = tune.search(tj, storage_root=storage_root)
+        found = tune.search(tj, storage_root=storage_root, runtime_env=runtime_env)
         checkpoint = {"best": found.best_checkpoint, "model": found.model_uri, "bestModel": found.model_uri}
         result = JobResult(
             api.CheckpointStatus.model_validate(checkpoint),
@@ -172,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         storage_root = cluster_storage_root(tj.spec)
         run(tj, storage_root=storage_root, reporter=ClusterReporter(os.environ.get(names.ENV_TRAININGJOB)))
-    except (JobError, data.DataError) as err:
+    except (JobError, data.DataError, train.TrainingFailed) as err:
         print(f"error: {redact.scrub(str(err), doc)}", file=sys.stderr)
         return 1
     return 0

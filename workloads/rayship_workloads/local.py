@@ -6,6 +6,11 @@ tune with `spec.tuning`) with a `LocalReporter`. Outputs go to `./rayship-runs/<
 `checkpoints/`, `metrics.json`, `loss.png` (of a training run) and `result.json` ({latest, best, model,
 bestModel} URIs, metrics, and `tuning` for a search; `rayship serve` resolves TrainingJobs through it).
 `spec.checkpoint.storage` is not used here.
+
+Honest about what it changes and what happens: GPU requests scaled to CPU (and DeepSpeed fp16, which
+CPUs do not run, to fp32) are said in one line; the loop's `print()` output is shown; a resumed run
+appends to metrics.json and loss.png; a finished run is not retrained without `restart`;
+`spec.runtimeEnv` is honoured (workingDir a local folder, relative to the YAML file).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +40,9 @@ def local_environment() -> None:
     """Ray settings for a single-machine cluster (Ray 2.60 turns token auth on by default)."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # the train loop's print() lines as written: each one (not "[repeated 8x]"), without color codes
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_COLOR_PREFIX", "0")
 
 
 def private_ray_environment(prefix: str) -> str:
@@ -63,6 +72,10 @@ def localize(tj: api.TrainingJob, *, cores: int, has_gpu: bool) -> tuple[api.Tra
     if workers.replicas > cores:
         workers.replicas = cores
         changes.append(f"capped to {cores} workers (local cores)")
+    deepspeed = local.spec.trainer.deepspeed
+    if deepspeed is not None and deepspeed.precision == "fp16" and not has_gpu:
+        deepspeed.precision = "fp32"
+        changes.append("precision fp16 -> fp32: CPUs do not train in fp16")
     got = f"{workers.replicas} {'GPU' if workers.gpus_per_worker else 'CPU'} workers"
     return local, f"local run: {asked} requested -> {got}" + (f" ({'; '.join(changes)})" if changes else "")
 
@@ -71,42 +84,56 @@ def run_dir(tj: api.TrainingJob, runs_dir: Path = RUNS_DIR) -> Path:
     return (runs_dir / tj.metadata.name).resolve()
 
 
-def init_ray(workers: int) -> None:
+def init_ray(workers: int, runtime_env: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Start local Ray (if this process has none yet) with `runtime_env` as the job's: every Ray
+    process of the run gets it, a local working_dir included (Ray uploads it). Returns what the
+    training workers still need (Ray running already: their runtime env; it cannot take a local
+    working_dir, which Ray uploads only for a job)."""
     import ray
 
     local_environment()
     import ray.data
 
     ray.data.DataContext.get_current().enable_progress_bars = False  # our progress lines say enough
-    if not ray.is_initialized():
-        # Logical CPUs: one per training worker plus room for Ray Data and Serve tasks.
-        ray.init(
-            address="local",
-            num_cpus=max(os.cpu_count() or 1, workers + 2),
-            include_dashboard=True,  # Ray Train V2 frees stopped runs' workers through its State API
-            object_store_memory=256 * 1024 * 1024,
-            logging_level=logging.WARNING,
-            log_to_driver=False,  # Ray's own chatter; progress is followed from metrics.json instead
-        )
+    if ray.is_initialized():
+        folder = (runtime_env or {}).get("working_dir")
+        if folder and "://" not in folder:
+            raise RunRefused(
+                "spec.runtimeEnv.workingDir: a local folder is shipped by the Ray that `rayship run` starts; "
+                "this process already runs Ray (use `rayship run`, or a zip URI)"
+            )
+        return dict(runtime_env or {})
+    # Logical CPUs: one per training worker plus room for Ray Data and Serve tasks.
+    ray.init(
+        address="local",
+        num_cpus=max(os.cpu_count() or 1, workers + 2),
+        include_dashboard=True,  # Ray Train V2 frees stopped runs' workers through its State API
+        object_store_memory=256 * 1024 * 1024,
+        logging_level=logging.WARNING,
+        log_to_driver=True,  # the train loop's print() output (progress lines follow metrics.json)
+        runtime_env=runtime_env or None,
+    )
+    return {}
 
 
-def follow(metrics_path: Path, epochs: int, stop: threading.Event) -> None:
-    """Print one line per reported epoch, as the progress callback appends to metrics.json."""
-    shown = 0
-    while not stop.wait(0.5) or shown == 0:
+def follow(metrics_path: Path, epochs: int, stop: threading.Event, since: float) -> None:
+    """Print one line per epoch reported after `since` (a time), as the progress callback writes
+    metrics.json (a resumed run's earlier records stay in it, and are not printed again)."""
+    from rayship_workloads.progress import epoch_line
+
+    last = since
+    while True:
+        stopping = stop.wait(0.5)
         try:
             history = json.loads(metrics_path.read_text())
         except (FileNotFoundError, json.JSONDecodeError):  # not written yet, or mid-write
-            if stop.is_set():
-                return
-            continue
-        for record in history[shown:]:
-            loss = record["metrics"].get("loss")
-            shown_loss = f"  loss {loss:.5f}" if loss is not None else ""
-            saved = f"  checkpoint {record['checkpoint']}" if record.get("checkpoint") else ""
-            print(f"epoch {record['epoch']}/{epochs}  step {record['step']}{shown_loss}{saved}", flush=True)
-        shown = len(history)
-        if stop.is_set():
+            history = []
+        for record in history:
+            if float(record.get("time", 0)) > last:
+                saved = f"  checkpoint {record['checkpoint']}" if record.get("checkpoint") else ""
+                print(f"{epoch_line(record, epochs)}{saved}", flush=True)
+                last = float(record["time"])
+        if stopping:
             return
 
 
@@ -116,10 +143,13 @@ def plot_loss(history: list[dict[str, Any]], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [(h["epoch"], h["metrics"]["loss"]) for h in history if "loss" in h.get("metrics", {})]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o")
-    ax.set(xlabel="epoch", ylabel="training loss (mean over workers)", title=title, yscale="log")
+    for key, label in (("loss", "training loss"), ("evalLoss", "validation loss")):
+        points = [(h["epoch"], h["metrics"][key]) for h in history if key in h.get("metrics", {})]
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+    ax.legend()
+    ax.set(xlabel="epoch", ylabel="loss (mean over workers)", title=title, yscale="log")
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -147,7 +177,7 @@ class LocalReporter:
         from rayship_workloads.progress import ProgressCallback
 
         self._follower = threading.Thread(
-            target=follow, args=(self.metrics_path, epochs, self._stop), daemon=True
+            target=follow, args=(self.metrics_path, epochs, self._stop, time.time()), daemon=True
         )
         self._follower.start()
         return ProgressCallback(
@@ -194,22 +224,89 @@ class LocalReporter:
         print(f"model: {result.checkpoint.model}", flush=True)
 
 
-def run(tj: api.TrainingJob | Mapping[str, Any], *, runs_dir: Path = RUNS_DIR) -> dict[str, Any]:
-    """Train (or tune, with `spec.tuning`) a TrainingJob on local Ray; returns result.json's content."""
+class RunRefused(ValueError):
+    """`rayship run` will not start: the message says why and what to do."""
+
+
+def runtime_env(tj: api.TrainingJob, base_dir: Path) -> dict[str, Any]:
+    """Ray's runtime env for `spec.runtimeEnv` on this machine: a local workingDir (relative to
+    `base_dir`, the YAML file's folder) must be a folder; a URI is left to Ray."""
+    spec = tj.spec.runtime_env
+    if spec is None:
+        return {}
+    working_dir = spec.working_dir
+    if working_dir is not None and "://" not in working_dir:
+        folder = (base_dir / working_dir).resolve()
+        if not folder.is_dir():
+            raise RunRefused(f"spec.runtimeEnv.workingDir: {folder} is not a folder")
+        working_dir = str(folder)
+    return spec.as_ray(working_dir)
+
+
+def _relative_to(base_dir: Path, uri: str | None) -> str | None:
+    """A relative local path as a path from `base_dir`; URIs and absolute paths as they are."""
+    if uri is None or "://" in uri or Path(uri).is_absolute():
+        return uri
+    return str((base_dir / uri).resolve())
+
+
+def resolve_paths(tj: api.TrainingJob, base_dir: Path) -> None:
+    """data.uri and data.validation.uri, when relative, are relative to the YAML file's folder."""
+    spec = tj.spec.data
+    spec.uri = _relative_to(base_dir, spec.uri)
+    if spec.validation is not None:
+        spec.validation.uri = _relative_to(base_dir, spec.validation.uri)
+
+
+def _importable(ray_env: dict[str, Any]) -> None:
+    """The driver imports the loop (to check it) from workingDir, as Ray's workers will."""
+    import sys
+
+    folder = ray_env.get("working_dir")
+    if folder and "://" not in folder and folder not in sys.path:
+        sys.path.insert(0, folder)
+
+
+def run(
+    tj: api.TrainingJob | Mapping[str, Any],
+    *,
+    runs_dir: Path = RUNS_DIR,
+    restart: bool = False,
+    base_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Train (or tune, with `spec.tuning`) a TrainingJob on local Ray; returns result.json's content.
+
+    A run that finished before (its result.json is there) is refused unless `restart`, which starts
+    it from scratch; an unfinished one resumes from its latest checkpoint. `base_dir`: where a
+    relative runtimeEnv.workingDir is (the YAML file's folder; default the current one)."""
+    import shutil
+
     import torch
 
     from rayship_workloads import job
 
     local, notice = localize(as_trainingjob(tj), cores=os.cpu_count() or 1, has_gpu=torch.cuda.is_available())
-    print(notice, flush=True)
+    ray_env = runtime_env(local, base_dir or Path.cwd())
+    resolve_paths(local, base_dir or Path.cwd())
     out = run_dir(local, runs_dir)
+    if (out / "result.json").is_file() and not restart:
+        raise RunRefused(
+            f"{local.metadata.name} already finished ({out / 'result.json'}); run with --restart to "
+            "train it again from scratch (its checkpoints, metrics and model are replaced)"
+        )
+    if restart and out.exists():
+        shutil.rmtree(out)
+        print(f"restart: removed {out}", flush=True)
+    print(notice, flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("metrics.json", "loss.png"):  # a tuning run writes neither
-        (out / stale).unlink(missing_ok=True)
-    init_ray(local.spec.workers.replicas)
+    if local.spec.tuning is not None:  # a search writes no metrics.json or plot of its own
+        for stale in ("metrics.json", "loss.png"):
+            (out / stale).unlink(missing_ok=True)
+    _importable(ray_env)
+    worker_env = init_ray(local.spec.workers.replicas, ray_env)
     reporter = LocalReporter(out)
     try:
-        job.run(local, storage_root=str(out / "checkpoints"), reporter=reporter)
+        job.run(local, storage_root=str(out / "checkpoints"), reporter=reporter, runtime_env=worker_env)
     finally:
         reporter.close()
     return reporter.summary
@@ -260,7 +357,7 @@ def demo(
     from rayship_workloads import data
 
     tj = as_trainingjob(tj)
-    result = run(tj, runs_dir=runs_dir)
+    result = run(tj, runs_dir=runs_dir, restart=True)  # the demo trains afresh every time
     try:
         url = serve(result["model"], port=port, route_prefix="/" + tj.metadata.name, block=False)
         config = tj.spec.trainer.config

@@ -71,6 +71,25 @@ def summarize(metrics: list[dict[str, Any]]) -> dict[str, Any]:
     return {"epoch": int(first.get("epoch", 0)), "step": int(first.get("step", 0)), "metrics": numeric}
 
 
+def read_history(path: str) -> list[dict[str, Any]]:
+    """The records of a metrics.json so far ([] if there is none or it is not a list)."""
+    try:
+        history = json.loads(Path(path).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return []
+    return history if isinstance(history, list) else []
+
+
+SHOWN_METRICS = ("loss", "evalLoss", "perplexity")
+
+
+def epoch_line(record: dict[str, Any], epochs: int) -> str:
+    """`epoch 3/5  step 48  loss 0.12345  evalLoss 0.13000` for one record."""
+    metrics = record.get("metrics", {})
+    shown = "".join(f"  {k} {metrics[k]:.5f}" for k in SHOWN_METRICS if metrics.get(k) is not None)
+    return f"epoch {record['epoch']}/{epochs}  step {record['step']}{shown}"
+
+
 class TrainingJobStatus:
     """Merge-patches `status` of one TrainingJob from inside the cluster (service account token)."""
 
@@ -131,7 +150,8 @@ class ProgressCallback(UserCallback):
         self.metrics_path = metrics_path
         self.status = TrainingJobStatus(trainingjob) if trainingjob else None
         self.echo = echo
-        self.history: list[dict[str, Any]] = []
+        # A resumed run goes on with the history it had (metrics.json and its plot cover every epoch).
+        self.history: list[dict[str, Any]] = read_history(metrics_path) if metrics_path else []
         self._last_patch = 0.0
         self._last_checkpoint: str | None = None
 
@@ -142,15 +162,12 @@ class ProgressCallback(UserCallback):
         if checkpoint is not None:
             self._last_checkpoint = checkpoint_uri(checkpoint, self.storage_root)
         record["checkpoint"] = self._last_checkpoint
-        self.history.append(record)
+        record["time"] = time.time()
+        # epochs redone after a resume replace the records of the attempt that did not keep them
+        self.history = [h for h in self.history if h.get("epoch", 0) < record["epoch"]] + [record]
         if self.echo:
-            loss = record["metrics"].get("loss")
-            shown = f" loss {loss:.5f}" if loss is not None else ""
             saved = f"  checkpoint {self._last_checkpoint}" if checkpoint is not None else ""
-            print(
-                f"[rayship] epoch {record['epoch']}/{self.epochs} step {record['step']}{shown}{saved}",
-                flush=True,
-            )
+            print(f"[rayship] {epoch_line(record, self.epochs)}{saved}", flush=True)
         if self.metrics_path:
             Path(self.metrics_path).write_text(json.dumps(self.history, indent=2))
         if self.status is not None:

@@ -11,17 +11,21 @@ A recipe is everything rayship knows about one kind of model:
 Adding a recipe: write those here, add its `Recipe` to `RECIPES`, and add its name to
 `TrainerSpec.recipe` in `operator/rayship/api.py`. Nothing else names a recipe.
 
-Every loop receives `config` = the TrainingJob's `trainer.config` plus a `rayship` key: the resolved
+Every loop receives `config` = the TrainingJob's `trainer.config`, the common hyperparameters from
+the trainer fields (`lr` and `learningRate`, `batch_size`, `epochs`), and a `rayship` key: the resolved
 spec in its camelCase wire form (`spec`; its `env[].value`s read `***`: they are in the process
 environment, and the spec is not a place for secrets), the model config (`model_config`) and the setup's extras
-(e.g. the feature columns), `storage_root` and `run_name`. Own loops get the same, with the data and
-setup of `OWN_LOOP_DATA`. The loops mark their Ray steps `# [1] prepare data ... # [4] report`.
+(e.g. the feature columns), `storage_root` and `run_name`. Own loops get the same, with the data as
+written (`own_loop_setup`: its `columns`). The dataset shards are `train` and, with `data.validation`,
+`validation`. The loops mark their Ray steps `# [1] prepare data ... # [4] report`.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
+import math
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -159,6 +163,49 @@ def report(
         )
 
 
+EVAL_LOSS = "evalLoss"
+Evaluation = Callable[[], dict[str, float]]
+
+
+def validation_shard(spec: api.TrainingJobSpec) -> Any:
+    """This worker's shard of the `validation` dataset (with `data.validation`), else None."""
+    return ray.train.get_dataset_shard("validation") if spec.data.validation is not None else None
+
+
+def global_mean(total: float, count: int) -> float | None:
+    """total/count summed over every rank (the same value on each); None if no rank had a row."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        both = torch.tensor([total, float(count)], dtype=torch.float64)
+        dist.all_reduce(both)
+        total, count = float(both[0]), int(both[1])
+    return total / count if count else None
+
+
+def evaluation(
+    strategy: Strategy, batch_losses: Callable[[], Iterator[tuple[torch.Tensor, int]]], *, perplexity: bool
+) -> Evaluation:
+    """Evaluate the model on the validation shard: `evalLoss` (mean over every rank's rows), and
+    `perplexity` = exp(evalLoss) for language models. `batch_losses` yields (mean loss, rows)."""
+
+    def evaluate() -> dict[str, float]:
+        strategy.model.eval()
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for loss, rows in batch_losses():
+                total, count = total + float(loss) * rows, count + rows
+        strategy.model.train()
+        mean = global_mean(total, count)
+        if mean is None:
+            return {}
+        return (
+            {EVAL_LOSS: mean, "perplexity": math.exp(min(mean, 700.0))} if perplexity else {EVAL_LOSS: mean}
+        )
+
+    return evaluate
+
+
 def run_epochs(
     strategy: Strategy,
     spec: api.TrainingJobSpec,
@@ -168,9 +215,11 @@ def run_epochs(
     step: int,
     losses: Callable[[], Iterator[torch.Tensor]],
     on_epoch_end: EpochHook | None,
+    evaluate: Evaluation | None = None,
 ) -> None:
-    """The epochs after `start_epoch`: a step per batch loss, then a report (mean loss over the
-    epoch), with a checkpoint every `checkpoint.everyEpochs` epochs and after the last one."""
+    """The epochs after `start_epoch`: a step per batch loss, then (with `evaluate`) the validation
+    metrics, then a report (mean loss over the epoch), with a checkpoint every
+    `checkpoint.everyEpochs` epochs and after the last one."""
     epochs, every = spec.trainer.epochs, spec.checkpoint.every_epochs
     for epoch in range(start_epoch + 1, epochs + 1):
         total, batches = 0.0, 0
@@ -178,6 +227,8 @@ def run_epochs(
             strategy.step(loss)
             total, batches, step = total + loss.item(), batches + 1, step + 1
         metrics = {"loss": total / max(batches, 1), "resumed_from_epoch": start_epoch}
+        if evaluate is not None:
+            metrics.update(evaluate())
         save = epoch % every == 0 or epoch == epochs
         report(strategy, run, epoch=epoch, step=step, metrics=metrics, save=save)
         if on_epoch_end is not None:
@@ -239,21 +290,26 @@ def mlp_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None) -> N
     # [3] resume from the latest checkpoint, if this run has one
     start_epoch, step = resume(strategy, Run.of(config))
 
-    # [4] train, and report every epoch (checkpointing every `everyEpochs` and at the end)
-    def losses() -> Iterator[torch.Tensor]:
-        for batch in shard.iter_torch_batches(batch_size=batch_size, dtypes=torch.float32):
+    # [4] train, evaluate on the validation shard (with data.validation), and report every epoch
+    # (checkpointing every `everyEpochs` and at the end)
+    def batch_losses(source: Any) -> Iterator[tuple[torch.Tensor, int]]:
+        for batch in source.iter_torch_batches(batch_size=batch_size, dtypes=torch.float32):
             x = torch.stack([batch[c] for c in features], dim=1).to(device, strategy.dtype)
             y = batch[label].to(device).unsqueeze(1)
-            yield F.mse_loss(strategy.model(x).float(), y)
+            yield F.mse_loss(strategy.model(x).float(), y), len(y)
 
+    validation = validation_shard(spec)
     run_epochs(
         strategy,
         spec,
         Run.of(config),
         start_epoch=start_epoch,
         step=step,
-        losses=losses,
+        losses=lambda: (loss for loss, _ in batch_losses(shard)),
         on_epoch_end=on_epoch_end,
+        evaluate=None
+        if validation is None
+        else evaluation(strategy, lambda: batch_losses(validation), perplexity=False),
     )
 
 
@@ -352,20 +408,24 @@ def causal_lm_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None
     # [3] resume from the latest checkpoint, if this run has one
     start_epoch, step = resume(strategy, Run.of(config))
 
-    # [4] train, and report every epoch
-    def losses() -> Iterator[torch.Tensor]:
-        for batch in shard.iter_batches(batch_size=batch_size, batch_format="numpy"):
+    # [4] train, evaluate on the validation shard (with data.validation), and report every epoch
+    def batch_losses(source: Any) -> Iterator[tuple[torch.Tensor, int]]:
+        for batch in source.iter_batches(batch_size=batch_size, batch_format="numpy"):
             inputs = {k: v.to(device) for k, v in tokens([str(t) for t in batch[data.TEXT]]).items()}
-            yield strategy.model(**inputs).loss
+            yield strategy.model(**inputs).loss, int((inputs["labels"] != -100).sum())
 
+    validation = validation_shard(spec)
     run_epochs(
         strategy,
         spec,
         Run.of(config),
         start_epoch=start_epoch,
         step=step,
-        losses=losses,
+        losses=lambda: (loss for loss, _ in batch_losses(shard)),
         on_epoch_end=on_epoch_end,
+        evaluate=None
+        if validation is None
+        else evaluation(strategy, lambda: batch_losses(validation), perplexity=True),
     )
 
 
@@ -470,9 +530,16 @@ RECIPES: dict[str, Recipe] = {
     )
 }
 
-# Own loops (`trainer.entrypoint`) get this recipe's data and model setup: tabular rows, and the
-# `features` and MLP `model_config` in config["rayship"].
-OWN_LOOP_DATA = "mlp"
+
+def own_loop_setup(dataset: ray.data.Dataset, config: Mapping[str, Any]) -> ModelSetup:
+    """What own loops (`trainer.entrypoint`) get in config["rayship"]: the data's `columns` as
+    written; and, when the data has the label column (`trainer.config.label`, default `y`), the mlp
+    recipe's `features` and `model_config`, for loops that build on `mlp_loop`."""
+    columns = list(dataset.schema().names)
+    if data.label(config) not in columns:
+        return ModelSetup({}, {"columns": columns})
+    setup = mlp_setup(dataset, config)
+    return ModelSetup(setup.config, {**setup.extra, "columns": columns})
 
 
 def get(name: str) -> Recipe:
@@ -492,26 +559,49 @@ def for_trainer(trainer: api.TrainerSpec) -> Recipe | None:
     return get(trainer.recipe) if trainer.recipe is not None else None
 
 
-def data_recipe(trainer: api.TrainerSpec) -> Recipe:
-    """The recipe whose data and model setup a run uses: its own, or `OWN_LOOP_DATA` for own loops."""
-    return for_trainer(trainer) or RECIPES[OWN_LOOP_DATA]
+def setup(trainer: api.TrainerSpec, dataset: ray.data.Dataset) -> ModelSetup:
+    """The model setup of `trainer.recipe` for `dataset`, or `own_loop_setup` for own loops."""
+    recipe = for_trainer(trainer)
+    if recipe is None:
+        return own_loop_setup(dataset, trainer.config)
+    return recipe.model_setup(dataset, trainer.config)
+
+
+def data_kind(trainer: api.TrainerSpec) -> data.DataKind:
+    """The data a run reads: its recipe's kind; own loops read files as written (synthetic: tabular)."""
+    recipe = for_trainer(trainer)
+    return recipe.data_kind if recipe is not None else "tabular"
+
+
+def run_own_loop(entrypoint: str, config: dict[str, Any]) -> None:
+    """An own loop, imported on the worker: its module may come with `runtimeEnv.workingDir`, which
+    Ray unpacks for the workers (and the driver), not for the Ray Train controller."""
+    resolve_entrypoint(entrypoint)(config)
 
 
 def train_loop(trainer: api.TrainerSpec) -> TrainLoop:
-    """The train loop for `trainer.recipe`, or the user's `trainer.entrypoint` (module:function)."""
+    """The train loop for `trainer.recipe`, or the user's `trainer.entrypoint` (module:function),
+    checked now and imported again on each worker (`run_own_loop`)."""
     recipe = for_trainer(trainer)
     if recipe is not None:
         return recipe.loop
     if trainer.entrypoint is None:  # the API requires exactly one of recipe and entrypoint
         raise ValueError("trainer: set recipe or entrypoint")
-    module_name, _, attr = trainer.entrypoint.partition(":")
+    resolve_entrypoint(trainer.entrypoint)
+    return functools.partial(run_own_loop, trainer.entrypoint)
+
+
+def resolve_entrypoint(entrypoint: str) -> TrainLoop:
+    """The function `module:function` names; a ValueError saying why it cannot be had."""
+    module_name, _, attr = entrypoint.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
         raise ValueError(
-            f"trainer.entrypoint {trainer.entrypoint!r}: cannot import {module_name!r}: {err}"
+            f"trainer.entrypoint {entrypoint!r}: cannot import {module_name!r}: {err} (ship your code "
+            "with runtimeEnv.workingDir, or install it in the image)"
         ) from None
     loop = getattr(module, attr, None)
     if not callable(loop):
-        raise ValueError(f"trainer.entrypoint {trainer.entrypoint!r}: {module_name} has no function {attr!r}")
+        raise ValueError(f"trainer.entrypoint {entrypoint!r}: {module_name} has no function {attr!r}")
     return cast(TrainLoop, loop)  # a user's function: called with the loop config, as Ray Train does

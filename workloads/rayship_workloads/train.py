@@ -10,19 +10,24 @@ where progress goes (the `callbacks`); `tune` builds one trainer per trial.
 
 from __future__ import annotations
 
+import functools
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
 import ray.data
+import ray.exceptions
 
 # Ray Train V2 is the default in Ray 2.60 and what `ray.train.*` is at run time; its classes come from
 # their own modules so that type checkers see the V2 signatures (`Result` is what `fit()` is typed as).
 from ray.train import Checkpoint, Result
+from ray.train.v2._internal.exceptions import RayTrainError
 from ray.train.v2.api.callback import UserCallback
 from ray.train.v2.api.config import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+from ray.train.v2.api.exceptions import TrainingFailedError
 from ray.train.v2.torch.torch_trainer import TorchTrainer
 
 from rayship import api
@@ -44,17 +49,27 @@ class Outcome:
 class Prepared:
     """What a run needs before its trainer: the data, the model setup, where it writes.
 
-    `recipe` is None for an own loop (rayship cannot export its checkpoints); `setup` is then the one
-    of `recipes.OWN_LOOP_DATA`."""
+    `recipe` is None for an own loop (rayship cannot export its checkpoints: the loop saves its model
+    with `models.save_model`); `setup` is then `recipes.own_loop_setup`'s."""
 
     dataset: ray.data.Dataset
     recipe: recipes.Recipe | None
     setup: recipes.ModelSetup
     storage_root: str
     run_name: str
+    validation: ray.data.Dataset | None = None
+
+    def datasets(self) -> dict[str, ray.data.Dataset | Callable[[], ray.data.Dataset]]:
+        """The loop's dataset shards: `train`, and `validation` with data.validation."""
+        found: dict[str, ray.data.Dataset | Callable[[], ray.data.Dataset]] = {"train": self.dataset}
+        if self.validation is not None:
+            found["validation"] = self.validation
+        return found
 
     def loop_config(self, tj: api.TrainingJob) -> dict[str, Any]:
-        """`train_loop_config`: `trainer.config` plus the `rayship` key every loop reads."""
+        """`train_loop_config`: `trainer.config`, the common hyperparameters, and the `rayship` key
+        every loop reads."""
+        trainer = tj.spec.trainer
         context = {
             "spec": redact.redacted(tj.spec.wire()),  # env values are in the process environment
             "model_config": self.setup.config,
@@ -62,7 +77,13 @@ class Prepared:
             "storage_root": self.storage_root,
             "run_name": self.run_name,
         }
-        return {**tj.spec.trainer.config, "rayship": context}
+        hyperparameters = {
+            "lr": trainer.learning_rate,
+            "learningRate": trainer.learning_rate,
+            "batch_size": trainer.batch_size_per_worker,
+            "epochs": trainer.epochs,
+        }
+        return {**trainer.config, **hyperparameters, "rayship": context}
 
 
 def run_name(tj: api.TrainingJob) -> str:
@@ -74,14 +95,15 @@ def run_name(tj: api.TrainingJob) -> str:
 def prepare(tj: api.TrainingJob, *, storage_root: str, name: str | None = None) -> Prepared:
     """The training data and the model setup of `tj`'s recipe; `name` overrides the run name."""
     trainer = tj.spec.trainer
-    setup_recipe = recipes.data_recipe(trainer)
-    dataset = data.load(tj.spec.data, kind=setup_recipe.data_kind, config=trainer.config)
+    dataset = data.load(tj.spec.data, kind=recipes.data_kind(trainer), config=trainer.config)
+    dataset, validation = data.split(dataset, tj.spec.data, trainer.config)
     return Prepared(
         dataset=dataset,
         recipe=recipes.for_trainer(trainer),
-        setup=setup_recipe.model_setup(dataset, trainer.config),
+        setup=recipes.setup(trainer, dataset),
         storage_root=storage_root,
         run_name=name or run_name(tj),
+        validation=validation,
     )
 
 
@@ -92,15 +114,19 @@ def build_trainer(
     name: str | None = None,
     callbacks: Sequence[UserCallback] = (),
     quiet: bool = False,
+    runtime_env: dict[str, Any] | None = None,
+    max_failures: int | None = None,
 ) -> tuple[TorchTrainer, Prepared]:
     """The TorchTrainer for a TrainingJob, and what the export step needs. `quiet`: Ray Train logs
-    warnings only."""
+    warnings only; `runtime_env`: Ray's runtime env for the workers (local mode's `runtimeEnv`; in a
+    cluster it is the job's own); `max_failures`: instead of failurePolicy.maxWorkerFailures."""
     spec = tj.spec
     workers = spec.workers
     prepared = prepare(tj, storage_root=storage_root, name=name)
     integrity.ensure_key(storage_root, prepared.run_name)  # at the first attempt; the loops sign with it
     gpus = workers.gpus_per_worker
     resources: dict[str, float] = {"CPU": 1, "GPU": gpus} if gpus else {"CPU": 1}  # spare CPUs feed Ray Data
+    failures = spec.failure_policy.max_worker_failures if max_failures is None else max_failures
     trainer = TorchTrainer(
         recipes.train_loop(spec.trainer),
         train_loop_config=prepared.loop_config(tj),
@@ -111,17 +137,18 @@ def build_trainer(
             name=prepared.run_name,
             storage_path=storage_root,
             checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint.keep),
-            failure_config=FailureConfig(max_failures=spec.failure_policy.max_worker_failures),
+            failure_config=FailureConfig(max_failures=failures),
             logging_config=LoggingConfig(log_level="WARNING") if quiet else None,
             callbacks=list(callbacks),
+            worker_runtime_env=runtime_env or None,
         ),
-        datasets={"train": prepared.dataset},
+        datasets=prepared.datasets(),
     )
     return trainer, prepared
 
 
 def export(
-    checkpoint: Checkpoint | None, tj: api.TrainingJob, prepared: Prepared, name: str = "model"
+    checkpoint: Checkpoint | None, tj: api.TrainingJob, prepared: Prepared, name: str = models.MODEL_DIR
 ) -> str | None:
     """Write the model of `checkpoint` in the serving layout next to the checkpoints; its URI (None
     for own loops, whose checkpoint format rayship does not know)."""
@@ -139,12 +166,118 @@ def export(
     return target
 
 
-def best_checkpoint(result: Result) -> Checkpoint | None:
-    """The kept checkpoint with the lowest reported loss."""
+def best_metric(spec: api.TrainingJobSpec) -> tuple[str, str]:
+    """(metric, mode) that picks the best checkpoint: checkpoint.metric/mode, by default evalLoss
+    with data.validation, else loss; min."""
+    default = recipes.EVAL_LOSS if spec.data.validation is not None else "loss"
+    return spec.checkpoint.metric or default, spec.checkpoint.mode or "min"
+
+
+def best_checkpoint(result: Result, metric: str = "loss", mode: str = "min") -> Checkpoint | None:
+    """The kept checkpoint with the lowest (mode min) or highest (max) reported `metric`."""
     scored = [
-        (m["loss"], c) for c, m in result.best_checkpoints or [] if isinstance(m.get("loss"), int | float)
+        (float(m[metric]), c)
+        for c, m in result.best_checkpoints or []
+        if isinstance(m.get(metric), int | float) and not isinstance(m.get(metric), bool)
     ]
-    return min(scored, key=lambda s: s[0])[1] if scored else None
+    if not scored:
+        return None
+    pick = min if mode == "min" else max
+    return pick(scored, key=lambda s: s[0])[1]
+
+
+class TrainingFailed(RuntimeError):
+    """The run failed for good: one line that says which attempt, the error and why it stopped."""
+
+
+# Failures of the machinery rather than of the loop's code: a retry may well succeed.
+_SYSTEM_FAILURES = (
+    ray.exceptions.ActorDiedError,
+    ray.exceptions.ActorUnavailableError,
+    ray.exceptions.WorkerCrashedError,
+    ray.exceptions.NodeDiedError,
+    ray.exceptions.OutOfMemoryError,
+    ray.exceptions.RaySystemError,
+    ray.exceptions.RayActorError,
+)
+
+
+def describe_failure(err: BaseException) -> tuple[str, bool]:
+    """(one line: the error and where it was raised, whether a retry may help): only when a worker
+    died or stopped answering; not for an error raised by the code (the loop's or Ray Train's)."""
+    failures = getattr(err, "worker_failures", None) or {}
+    if not failures:
+        cause = getattr(err, "controller_failure", None) or err
+        text = str(cause).strip()
+        return f"{type(cause).__name__}: {text.splitlines()[-1] if text else ''}", False
+    rank, failure = min(failures.items())
+    # Ray Train hands the loop's own exception over as it was raised (its traceback is in the message)
+    failure = getattr(failure, "_base_exc", failure)
+    if isinstance(failure, _SYSTEM_FAILURES | RayTrainError):  # a worker died or stopped answering
+        text = str(failure).strip()
+        return f"worker {rank}: {type(failure).__name__}: {text.splitlines()[0] if text else ''}", True
+    frames = [line.strip() for line in str(err).splitlines() if line.strip().startswith('File "')]
+    where = f" ({frames[-1]})" if frames else ""
+    message = " ".join(str(failure).split())
+    return f"{type(failure).__name__}: {message}{where} on worker {rank}", False
+
+
+def latest_checkpoint(storage_root: str, name: str) -> str | None:
+    """The name of the run's newest checkpoint directory (epoch-NNNNN), if any."""
+    fs, path = storage.filesystem(storage.join(storage_root, name))
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    except OSError:
+        return None
+    found = sorted(Path(i.path).name for i in infos if Path(i.path).name.startswith("epoch-"))
+    return found[-1] if found else None
+
+
+def own_model(prepared: Prepared) -> str | None:
+    """The model an own loop saved with `models.save_model`, if it did."""
+    target = storage.join(prepared.storage_root, prepared.run_name, models.MODEL_DIR)
+    fs, path = storage.filesystem(storage.join(target, models.MANIFEST))
+    return target if fs.get_file_info(path).type != pafs.FileType.NotFound else None
+
+
+def fit(
+    tj: api.TrainingJob,
+    *,
+    storage_root: str,
+    callbacks: Sequence[UserCallback],
+    quiet: bool,
+    runtime_env: dict[str, Any] | None,
+    say: Callable[[str], None],
+) -> tuple[Result, Prepared]:
+    """Fit `tj`, retrying failed attempts (failurePolicy.maxWorkerFailures) from the latest checkpoint,
+    each said with `say` as "attempt k/N failed: ...". An error raised by the code (not a worker that
+    died) before a new checkpoint is not retried: the retry would run the same code from the same state."""
+    attempts = tj.spec.failure_policy.max_worker_failures + 1
+    for attempt in range(1, attempts + 1):
+        trainer, prepared = build_trainer(
+            tj,
+            storage_root=storage_root,
+            callbacks=callbacks,
+            quiet=quiet,
+            runtime_env=runtime_env,
+            max_failures=0,  # the retries are here, where the failure can be judged and said
+        )
+        before = latest_checkpoint(storage_root, prepared.run_name)
+        try:
+            return trainer.fit(), prepared
+        except TrainingFailedError as err:
+            cause, transient = describe_failure(err)
+            line = f"attempt {attempt}/{attempts} failed: {cause}"
+            after = latest_checkpoint(storage_root, prepared.run_name)
+            if attempt == attempts:
+                raise TrainingFailed(f"{line}; no attempts left (failurePolicy.maxWorkerFailures)") from None
+            if not transient and after == before:
+                raise TrainingFailed(
+                    f"{line}; not retried: it was raised before a new checkpoint was written, so a retry "
+                    "would run the same code from the same state (fix it and run again)"
+                ) from None
+            say(f"{line}; retrying from {'checkpoint ' + after if after else 'the start'}")
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def train(
@@ -153,17 +286,29 @@ def train(
     storage_root: str,
     callbacks: Sequence[UserCallback] = (),
     quiet: bool = False,
+    runtime_env: dict[str, Any] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> Outcome:
-    """Fit one run of `tj` (resuming its latest checkpoint, if any); export the final and best models."""
-    trainer, prepared = build_trainer(tj, storage_root=storage_root, callbacks=callbacks, quiet=quiet)
-    result = trainer.fit()
+    """Fit one run of `tj` (resuming its latest checkpoint, if any); export the final and best models
+    (an own loop's: the model it saved with `models.save_model`)."""
+    result, prepared = fit(
+        tj,
+        storage_root=storage_root,
+        callbacks=callbacks,
+        quiet=quiet,
+        runtime_env=runtime_env,
+        say=say or functools.partial(print, flush=True),
+    )
     latest = progress.checkpoint_uri(result.checkpoint, storage_root) if result.checkpoint else None
-    best = best_checkpoint(result)
-    model_uri = export(result.checkpoint, tj, prepared)
-    if best is None or result.checkpoint is None or best.path == result.checkpoint.path:
-        best_model_uri = model_uri
+    best = best_checkpoint(result, *best_metric(tj.spec))
+    if prepared.recipe is None:
+        model_uri = best_model_uri = own_model(prepared)
     else:
-        best_model_uri = export(best, tj, prepared, name="model-best")
+        model_uri = export(result.checkpoint, tj, prepared)
+        if best is None or result.checkpoint is None or best.path == result.checkpoint.path:
+            best_model_uri = model_uri
+        else:
+            best_model_uri = export(best, tj, prepared, name="model-best")
     return Outcome(
         run_name=prepared.run_name,
         storage_root=storage_root,

@@ -60,7 +60,11 @@ def search_space(tuning: api.TuningSpec) -> dict[str, Any]:
     """Tune's param space from `tuning.searchSpace`."""
     space: dict[str, Any] = {}
     for key, dim in tuning.search_space.items():
-        if dim.distribution == "choice":
+        if dim.distribution == "grid":
+            if not dim.values:
+                raise ValueError(f"tuning.searchSpace.{key}: grid needs values")
+            space[key] = tune.grid_search(dim.values)
+        elif dim.distribution == "choice":
             if not dim.values:
                 raise ValueError(f"tuning.searchSpace.{key}: choice needs values")
             space[key] = tune.choice(dim.values)
@@ -89,8 +93,15 @@ def apply(tj: api.TrainingJob, params: dict[str, Any]) -> api.TrainingJob:
 
 
 def scheduler(tuning: api.TuningSpec, epochs: int) -> TrialScheduler:
+    """asha (its knobs from `tuning.asha`, in epochs; maxT defaults to trainer.epochs) or fifo."""
     if tuning.scheduler == "asha":
-        return ASHAScheduler(time_attr="epoch", max_t=epochs, grace_period=1, reduction_factor=2)
+        knobs = tuning.asha or api.AshaSpec()
+        return ASHAScheduler(
+            time_attr="epoch",
+            max_t=knobs.max_t or epochs,
+            grace_period=knobs.grace_period,
+            reduction_factor=knobs.reduction_factor,
+        )
     return FIFOScheduler()
 
 
@@ -98,9 +109,11 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def search(tj: api.TrainingJob, *, storage_root: str) -> TuneOutcome:
+def search(
+    tj: api.TrainingJob, *, storage_root: str, runtime_env: dict[str, Any] | None = None
+) -> TuneOutcome:
     """Run `tj.spec.tuning`: trials under `storage_root` (`<run name>-<trial id>`), Tune's results in
-    `<run name>-tune`; export the best trial's model."""
+    `<run name>-tune`; export the best trial's model. `runtime_env`: for the trials' workers."""
     tuning = tj.spec.tuning
     if tuning is None:
         raise ValueError("spec.tuning: not set; nothing to search")
@@ -114,6 +127,7 @@ def search(tj: api.TrainingJob, *, storage_root: str) -> TuneOutcome:
             name=name,
             quiet=True,
             callbacks=[TuneReportCallback()],
+            runtime_env=runtime_env,
         )
         trainer.fit()
 
