@@ -17,7 +17,7 @@ import celpy
 import jsonschema
 import yaml
 
-from rayship.api import cel_program
+from rayship.cel import program as cel_program
 
 
 def load_crd_schema(path: Path, version: str) -> dict[str, Any]:

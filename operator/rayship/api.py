@@ -13,18 +13,11 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
-import re
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Annotated, Any, ClassVar, Literal
 
-import celpy
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 from pydantic.alias_generators import to_camel
-
-# cel-python logs every evaluation step at DEBUG; that would drown the operator's own log.
-logging.getLogger("celpy").setLevel(logging.WARNING)
 
 GROUP = "rayship.dev"
 VERSION = "v1alpha1"
@@ -87,51 +80,13 @@ class CelRule:
         return {"rule": self.rule, "message": self.message}
 
 
-_SUFFIXES: dict[str, Fraction | int] = {
-    "": 1, "m": Fraction(1, 1000), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
-    "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-}  # fmt: skip
-
-
-class _Quantity:
-    """A Kubernetes resource.Quantity, for the CEL quantity library (Kubernetes >= 1.29) as the API
-    server evaluates it: `quantity('16Gi').compareTo(quantity('64Mi'))`."""
-
-    def __init__(self, text: Any):
-        found = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)", str(text))
-        if found is None or found.group(2) not in _SUFFIXES:
-            raise ValueError(f"not a quantity: {text!r}")
-        self.value = Fraction(found.group(1)) * _SUFFIXES[found.group(2)]
-
-
-def _compare(a: _Quantity, b: _Quantity) -> celpy.celtypes.IntType:
-    return celpy.celtypes.IntType((a.value > b.value) - (a.value < b.value))
-
-
-_CEL_FUNCTIONS: dict[str, Any] = {
-    "quantity": _Quantity,
-    "compareTo": _compare,
-    "isGreaterThan": lambda a, b: celpy.celtypes.BoolType(a.value > b.value),
-    "isLessThan": lambda a, b: celpy.celtypes.BoolType(a.value < b.value),
-}
-
-
-@functools.cache
-def cel_program(rule: str) -> celpy.Runner:
-    env = celpy.Environment()
-    return env.program(env.compile(rule), functions=_CEL_FUNCTIONS)
-
-
 def cel_holds(rule: str, value: Any) -> bool:
-    """Evaluate a CEL rule with `self` bound to `value` (a JSON-like structure).
+    """Evaluate a CEL rule with `self` bound to `value` (a JSON-like structure) as the API server
+    does: a rule whose evaluation fails (e.g. a missing field) does not hold. cel-python is imported
+    on the first rule evaluated (`rayship.cel`)."""
+    from rayship import cel
 
-    As in the API server, a rule whose evaluation fails (e.g. a missing field) does not hold.
-    """
-    try:
-        result = cel_program(rule).evaluate({"self": celpy.json_to_cel(value)})
-    except celpy.CELEvalError:
-        return False
-    return not isinstance(result, Exception) and bool(result)
+    return cel.holds(rule, value)
 
 
 class ApiModel(BaseModel):
@@ -143,8 +98,10 @@ class ApiModel(BaseModel):
 
     @model_validator(mode="after")
     def _check_cel_rules(self, info: ValidationInfo) -> ApiModel:
-        local = bool((info.context or {}).get("local"))
-        rules = [r for r in self.cel_rules if not (local and r.cluster_only)]
+        context = info.context or {}
+        local, admitted = bool(context.get("local")), bool(context.get("admitted"))
+        # `admitted`: read from the API server, which enforced the CRD's rules when it was written.
+        rules = [r for r in self.cel_rules if not (local and r.cluster_only) and not (admitted and r.in_crd)]
         if rules:
             wire = self.model_dump(mode="json", by_alias=True, exclude_none=True)
             failed = [r.message for r in rules if not cel_holds(r.rule, wire)]
@@ -164,7 +121,16 @@ def sub(model: type[BaseModel], description: str) -> Any:
     def default(schema: dict[str, Any]) -> None:
         schema["default"] = model().model_dump(mode="json", by_alias=True, exclude_none=True)
 
-    return Field(default_factory=model, description=description, json_schema_extra=default)
+    @functools.cache
+    def validated() -> BaseModel:
+        # Built once: the defaults never change. Their CEL rules are not evaluated: the API server
+        # checks the CRD's defaults against them (and tests/unit/test_cel.py does too).
+        return model.model_validate({}, context={"admitted": True})
+
+    def factory() -> BaseModel:
+        return validated().model_copy(deep=True)  # each object gets its own copy
+
+    return Field(default_factory=factory, description=description, json_schema_extra=default)
 
 
 # --- core-style building blocks ----------------------------------------------------------------

@@ -383,7 +383,7 @@ def plan(
     name = names.rayservice_name(modelservice["metadata"]["name"])
     current = modelservice.get("status") or {}
     try:
-        ms = parse(modelservice)
+        ms = parse(modelservice, admitted=True)  # read from the API server
     except SpecError as err:
         return Plan(name, context=ServiceContext(None, "; ".join(err.problems), None, None))
     assert isinstance(ms, api.ModelService)

@@ -288,7 +288,7 @@ def plan(
     current = trainingjob.get("status") or {}
     base = Observation(generation=meta.get("generation", 0), current=current, rayjob_name=rayjob_name)
     try:
-        tj = parse_trainingjob(trainingjob)
+        tj = parse_trainingjob(trainingjob, admitted=True)  # read from the API server
     except SpecError as err:
         return Plan(rayjob_name, context=replace(base, invalid="; ".join(err.problems)))
 

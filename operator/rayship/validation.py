@@ -97,6 +97,32 @@ def problems(model: type[BaseModel], err: ValidationError) -> list[str]:
 INT64 = (-(2**63), 2**63 - 1)
 
 
+def _fits_int64(value: Any) -> bool:
+    """Whether every integer in a document fits in int64: the quick check (no paths built) before
+    `_out_of_int64` names the ones that do not."""
+    low, high = INT64
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is dict:
+            stack.extend(item.values())
+        elif kind is list:
+            stack.extend(item)
+        elif kind is int:
+            if not low <= item <= high:
+                return False
+        elif kind in (str, float, bool, type(None)):
+            continue
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, int) and not isinstance(item, bool) and not low <= item <= high:
+            return False
+    return True
+
+
 def _out_of_int64(value: Any, path: str) -> Iterator[str]:
     """Paths of integers Kubernetes cannot store (int64), anywhere in a document."""
     stack = [(value, path)]
@@ -112,10 +138,14 @@ def _out_of_int64(value: Any, path: str) -> Iterator[str]:
             stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
 
 
-def parse(doc: Any, *, local: bool = False) -> api.ApiModel:
+def parse(doc: Any, *, local: bool = False, admitted: bool = False) -> api.ApiModel:
     """Validate one document (a parsed YAML/JSON object) against the rayship API.
 
-    `local=True` skips the rules only a cluster needs (e.g. checkpoint storage): `rayship run`."""
+    `local=True` skips the rules only a cluster needs (e.g. checkpoint storage): `rayship run`.
+    `admitted=True` (the operator, for an object it read from the API server) skips the CEL rules in
+    the CRD (`CelRule.in_crd`): the API server evaluated those when the object was written, so only
+    the rules it cannot check are evaluated again here; the schema itself is still checked in full.
+    The CLI and local mode evaluate every rule."""
     if not isinstance(doc, Mapping):
         raise SpecError(
             [
@@ -132,17 +162,17 @@ def parse(doc: Any, *, local: bool = False) -> api.ApiModel:
         raise SpecError(
             [f"apiVersion: {doc.get('apiVersion')!r} is not served; use apiVersion: {api.API_VERSION}"]
         )
-    huge = sorted(_out_of_int64(doc, ""))
+    huge = [] if _fits_int64(doc) else sorted(_out_of_int64(doc, ""))
     if huge:
         raise SpecError(huge)
     try:
-        return kind.model.model_validate(doc, context={"local": local})
+        return kind.model.model_validate(doc, context={"local": local, "admitted": admitted})
     except ValidationError as err:
         raise SpecError(problems(kind.model, err)) from None
 
 
-def parse_trainingjob(doc: Any, *, local: bool = False) -> api.TrainingJob:
-    obj = parse(doc, local=local)
+def parse_trainingjob(doc: Any, *, local: bool = False, admitted: bool = False) -> api.TrainingJob:
+    obj = parse(doc, local=local, admitted=admitted)
     if not isinstance(obj, api.TrainingJob):
         raise SpecError([f"kind: expected TrainingJob, got {type(obj).__name__}"])
     return obj

@@ -443,8 +443,10 @@ def test_deleted_trainingjob_keeps_the_service_and_says_so() -> None:
 
 
 def test_invalid() -> None:
+    """A spec rayship cannot read is Invalid (e.g. a field from a newer CRD than this operator; the
+    API server has evaluated the CRD's own CEL rules, so plan() does not evaluate them again)."""
     ms = load()
-    ms["spec"]["model"]["uri"] = "s3://x"  # both sources
+    ms["spec"]["model"]["path"] = "s3://x"
     st = derive(ms, None, None)
     assert st["phase"] == "Invalid" and "spec.model" in by_type(st)["Valid"]["message"]
 

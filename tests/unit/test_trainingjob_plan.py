@@ -5,12 +5,13 @@ from __future__ import annotations
 import copy
 import json
 
+import pytest
 import yaml
 
-from rayship import names
+from rayship import api, names
 from rayship.config import OperatorConfig
 from rayship.trainingjob import build_rayjob, plan, spec_edits
-from rayship.validation import parse_trainingjob
+from rayship.validation import SpecError, parse_trainingjob
 from tests.conftest import SAMPLES
 
 CONFIG = OperatorConfig()
@@ -78,10 +79,35 @@ def test_other_edits_are_reported_not_applied() -> None:
 
 
 def test_invalid_spec_is_not_rendered() -> None:
+    """A spec the API server admits but rayship cannot run (too big for the RayJob) is not rendered."""
     doc = trainingjob()
-    doc["spec"]["trainer"]["entrypoint"] = "a.b:c"
+    doc["spec"]["trainer"]["config"] = {"notes": "x" * api.MAX_SPEC_BYTES}
     todo = plan(doc, None, None, CONFIG)
-    assert todo.create is None and "spec.trainer" in todo.context.invalid
+    assert todo.create is None and "bytes serialized" in todo.context.invalid
+
+
+def test_plan_evaluates_only_the_cel_rules_the_api_server_cannot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """plan() gets objects the API server admitted, having evaluated the CRD's CEL rules: it evaluates
+    only the rules that are not in the CRD. The CLI evaluates them all."""
+    models = [m for m in vars(api).values() if isinstance(m, type) and issubclass(m, api.ApiModel)]
+    not_in_crd = {r.rule for m in models for r in m.cel_rules if not r.in_crd}
+    tuning = yaml.safe_load((SAMPLES / "trainingjob-tuning.yaml").read_text())
+    tuning["metadata"].update(generation=1, uid="u-1", resourceVersion="7")
+    for doc in (trainingjob(), tuning):
+        parse_trainingjob(doc)  # defaults of nested objects are validated (every rule) once, here
+    evaluated: list[str] = []
+    real = api.cel_holds
+    monkeypatch.setattr(api, "cel_holds", lambda rule, value: evaluated.append(rule) or real(rule, value))
+    for doc in (trainingjob(), tuning):
+        assert plan(doc, None, None, CONFIG).create is not None
+    assert evaluated and set(evaluated) <= not_in_crd
+    evaluated.clear()
+    parse_trainingjob(tuning)
+    assert len(set(evaluated) - not_in_crd) > 10
+    doc = trainingjob()
+    doc["spec"]["trainer"]["entrypoint"] = "a.b:c"  # a CRD rule: recipe or entrypoint, not both
+    with pytest.raises(SpecError, match="spec.trainer"):
+        parse_trainingjob(doc)
 
 
 def test_foreign_rayjob_is_reported_never_overwritten() -> None:
