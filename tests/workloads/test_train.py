@@ -183,7 +183,9 @@ def test_parquet_data_through_ray_data(ray_session, tmp_path: Path) -> None:
             "trainer.epochs": 3,
             "workers.replicas": 1,
             # the "best" checkpoint by the highest training loss: epoch 1's, deterministically
-            "checkpoint": {"metric": "loss", "mode": "max", "keep": 3},
+            "checkpoint.metric": "loss",
+            "checkpoint.mode": "max",
+            "checkpoint.keep": 3,
         },
     )
     outcome, metrics = fit(doc, tmp_path)

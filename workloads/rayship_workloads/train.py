@@ -213,7 +213,7 @@ def describe_failure(err: BaseException) -> tuple[str, bool]:
     rank, failure = min(failures.items())
     # Ray Train hands the loop's own exception over as it was raised (its traceback is in the message)
     failure = getattr(failure, "_base_exc", failure)
-    if isinstance(failure, _SYSTEM_FAILURES | RayTrainError):  # a worker died or stopped answering
+    if isinstance(failure, (*_SYSTEM_FAILURES, RayTrainError)):  # a worker died or stopped answering
         text = str(failure).strip()
         return f"worker {rank}: {type(failure).__name__}: {text.splitlines()[0] if text else ''}", True
     frames = [line.strip() for line in str(err).splitlines() if line.strip().startswith('File "')]
