@@ -767,6 +767,12 @@ class ProgressStatus(ApiModel):
     step: int | None = Field(None, ge=0, description="Last optimizer step.")
     metrics: dict[str, float] = Field(default_factory=dict, description="Latest metrics, e.g. loss.")
     last_checkpoint: str | None = Field(None, description="URI of the latest checkpoint.")
+    resumed_from_epoch: int | None = Field(
+        None,
+        ge=1,
+        description="This attempt resumed from the checkpoint of this epoch (after a retry, a restarted "
+        "Ray head or a resubmitted job); absent when it started from scratch.",
+    )
 
 
 class CheckpointStatus(ApiModel):

@@ -87,3 +87,19 @@ def test_the_final_status_keeps_the_model_uri_when_the_best_metric_is_infinite()
     (body,) = recorder.bodies
     assert body["status"]["checkpoint"]["model"] == "/store/m"
     assert "bestMetric" not in body["status"]["tuning"] and body["status"]["tuning"]["bestTrial"] == "t1"
+
+
+def test_a_resumed_attempt_says_which_epoch_it_resumed_from(tmp_path, monkeypatch) -> None:
+    """The built-in recipes report `resumed_from_epoch` (0: from scratch); status.progress says it,
+    the metrics stay numbers only."""
+    monkeypatch.setattr(progress, "MIN_INTERVAL_S", 0.0)  # every report patches
+    status, recorder = recording_status()
+    callback = progress.ProgressCallback(epochs=8, storage_root=str(tmp_path), echo=False)
+    callback.status = status
+    rank = {"epoch": 1, "step": 10, "loss": 0.5, "resumed_from_epoch": 0}
+    callback.after_report(None, [rank, rank], None)
+    resumed = {"epoch": 4, "step": 40, "loss": 0.25, "resumed_from_epoch": 3}
+    callback.after_report(None, [resumed, resumed], None)
+    first, second = (b["status"]["progress"] for b in recorder.bodies)
+    assert "resumedFromEpoch" not in first and first["metrics"] == {"loss": 0.5}
+    assert second["resumedFromEpoch"] == 3 and second["metrics"] == {"loss": 0.25}

@@ -68,7 +68,10 @@ def summarize(metrics: list[dict[str, Any]]) -> dict[str, Any]:
         for k, v in first.items()
         if isinstance(v, int | float) and k not in ("epoch", "step", "resumed_from_epoch")
     }
-    return {"epoch": int(first.get("epoch", 0)), "step": int(first.get("step", 0)), "metrics": numeric}
+    record = {"epoch": int(first.get("epoch", 0)), "step": int(first.get("step", 0)), "metrics": numeric}
+    if int(first.get("resumed_from_epoch") or 0) > 0:  # the built-in recipes say where they started
+        record["resumedFromEpoch"] = int(first["resumed_from_epoch"])
+    return record
 
 
 def read_history(path: str) -> list[dict[str, Any]]:
@@ -176,5 +179,7 @@ class ProgressCallback(UserCallback):
                 progress = {"epoch": record["epoch"], "step": record["step"], "metrics": record["metrics"]}
                 if self._last_checkpoint:
                     progress["lastCheckpoint"] = self._last_checkpoint
+                if "resumedFromEpoch" in record:
+                    progress["resumedFromEpoch"] = record["resumedFromEpoch"]
                 if self.status.patch({"progress": progress}):
                     self._last_patch = time.monotonic()
