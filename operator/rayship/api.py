@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "rayship.dev"
@@ -887,9 +887,18 @@ class ModelSource(ApiModel):
 class ServeReplicas(ApiModel):
     """Ray Serve autoscaling: replicas of the model, one per GPU worker pod."""
 
-    cel_rules: ClassVar = (CelRule("self.min <= self.max", "replicas.min must not exceed replicas.max"),)
+    cel_rules: ClassVar = (
+        CelRule("self.min <= self.max", "replicas.min must not exceed replicas.max"),
+        CelRule(
+            "!has(self.initial) || (self.min <= self.initial && self.initial <= self.max)",
+            "replicas.initial must be within replicas.min..replicas.max",
+        ),
+    )
     min: int = Field(1, ge=0, le=1000, description="Fewest replicas (0 scales to zero when idle).")
     max: int = Field(1, ge=1, le=1000, description="Most replicas.")
+    initial: int | None = Field(
+        None, ge=0, le=1000, description="Replicas (and worker pods) at start, in [min, max]; default min."
+    )
     target_ongoing_requests: float = Field(
         5, gt=0, le=10_000, description="Requests per replica autoscaling aims for."
     )
@@ -925,6 +934,93 @@ class UpgradeOptions(ApiModel):
     max_surge_percent: int = Field(100, ge=0, le=100, description="Extra capacity the new cluster may add.")
 
 
+SERVE_DEPLOYMENT_NAME_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,62}$"
+IMPORT_PATH_PATTERN = (
+    r"^[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)*$"
+)
+APPLICATION_MODEL_ARG = "modelUri"  # the arg rayship hands an own application: the resolved model
+
+
+class DeploymentAutoscaling(ApiModel):
+    """Serve autoscaling of one deployment (Ray's `autoscaling_config`)."""
+
+    cel_rules: ClassVar = (
+        CelRule(
+            "self.minReplicas <= self.maxReplicas", "autoscaling.minReplicas must not exceed maxReplicas"
+        ),
+        CelRule(
+            "!has(self.initialReplicas) || (self.minReplicas <= self.initialReplicas && "
+            "self.initialReplicas <= self.maxReplicas)",
+            "autoscaling.initialReplicas must be within minReplicas..maxReplicas",
+        ),
+    )
+    min_replicas: int = Field(1, ge=0, le=1000, description="Fewest replicas (0 scales to zero when idle).")
+    max_replicas: int = Field(1, ge=1, le=1000, description="Most replicas.")
+    initial_replicas: int | None = Field(None, ge=0, le=1000, description="Replicas at start.")
+    target_ongoing_requests: float = Field(
+        5, gt=0, le=10_000, allow_inf_nan=False, description="Requests per replica autoscaling aims for."
+    )
+
+
+class RayActorOptions(ApiModel):
+    """Resources each replica of a deployment reserves (Ray's `ray_actor_options`)."""
+
+    num_cpus: float | None = Field(None, ge=0, le=1024, allow_inf_nan=False, description="CPUs per replica.")
+    num_gpus: float | None = Field(None, ge=0, le=16, allow_inf_nan=False, description="GPUs per replica.")
+
+
+class DeploymentSettings(ApiModel):
+    """Settings of one Serve deployment of the application (serveConfigV2 `deployments[]`); they
+    override what the application's code says."""
+
+    cel_rules: ClassVar = (
+        CelRule(
+            "!(has(self.replicas) && has(self.autoscaling))",
+            "set replicas (a fixed count) or autoscaling, not both",
+        ),
+    )
+    replicas: int | None = Field(None, ge=0, le=1000, description="A fixed number of replicas.")
+    autoscaling: DeploymentAutoscaling | None = Field(None, description="Autoscaled replicas.")
+    ray_actor_options: RayActorOptions | None = Field(None, description="Resources per replica.")
+    max_ongoing_requests: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="Most requests a replica handles at once (more wait in the proxy).",
+    )
+
+
+class ServeApplication(ApiModel):
+    """Your own Ray Serve application instead of rayship's model server: an application builder
+    (`def app_builder(args) -> Application`) or a bound deployment graph, by import path. rayship resolves
+    the model (model.uri or model.fromTrainingJob) and hands its URI to the builder as
+    `args.modelUri`, so a new model rolls out in place as with the built-in server."""
+
+    import_path: str = Field(
+        ...,
+        pattern=IMPORT_PATH_PATTERN,
+        max_length=512,
+        description="module:attribute of the application builder or bound application, e.g. pipeline:app_builder.",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Arguments for an application builder (serveConfigV2 `args`), with modelUri added by rayship.",
+    )
+    runtime_env: RuntimeEnvSpec | None = Field(
+        None, description="The application's code and packages (Ray's runtime_env): workingDir, pip, envVars."
+    )
+
+    @field_validator("args")
+    @classmethod
+    def _model_uri_is_ours(cls, args: dict[str, Any]) -> dict[str, Any]:
+        if APPLICATION_MODEL_ARG in args:
+            raise ValueError(
+                f"{APPLICATION_MODEL_ARG}: set by rayship from spec.model (the resolved model's URI); "
+                f"remove it from application.args"
+            )
+        return args
+
+
 class ModelStorage(ApiModel):
     """Where the model files live for the serving pods."""
 
@@ -942,6 +1038,22 @@ class ModelServiceSpec(ApiModel):
         CelRule(
             "!has(self.env) || self.env.all(e, self.env.exists_one(f, f.name == e.name))",
             "env variable names must be unique",
+        ),
+        CelRule(
+            "!has(self.deployments) || self.deployments.all(k, k.matches('"
+            + SERVE_DEPLOYMENT_NAME_PATTERN
+            + "'))",
+            "deployments: names are Serve deployment names (letters, digits, '_', '.', '-'; at most 63)",
+        ),
+        CelRule(
+            "has(self.application) || !has(self.deployments) || self.deployments.all(k, k == 'RayshipModel')",
+            "deployments: the built-in model server has one deployment, RayshipModel (other names need "
+            "spec.application)",
+        ),
+        CelRule(
+            "has(self.application) || !has(self.deployments) || !has(self.deployments.RayshipModel) || "
+            "(!has(self.deployments.RayshipModel.replicas) && !has(self.deployments.RayshipModel.autoscaling))",
+            "deployments.RayshipModel: its replicas come from spec.replicas; set those instead",
         ),
     )
     image: str | None = Field(
@@ -975,6 +1087,15 @@ class ModelServiceSpec(ApiModel):
     )
     env: list[EnvVar] = Field(
         default_factory=list, max_length=64, description="Environment for every Ray container."
+    )
+    application: ServeApplication | None = Field(
+        None,
+        description="Your own Serve application (instead of the built-in model server), given model.uri.",
+    )
+    deployments: dict[str, DeploymentSettings] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Per-deployment settings by deployment name (the built-in server's is RayshipModel).",
     )
 
 

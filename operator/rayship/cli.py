@@ -200,7 +200,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     local = _workloads()
-    route_prefix, model = args.route_prefix, args.model
+    from rayship_workloads import serve_local
+
     if args.file:
         ms = _one(args.file, api.ModelService, local=True)
         assert isinstance(ms, api.ModelService)
@@ -209,16 +210,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
             model = local.resolve_model(ms, runs_dir=Path(args.runs_dir))
         except FileNotFoundError as err:
             raise InputError(f"{label}: {err}") from None
-        route_prefix = ms.spec.route_prefix
+        base_dir = Path.cwd() if args.file == "-" else Path(args.file).resolve().parent
+    else:
+        model, label, base_dir = args.model, f"--model {args.model}", Path.cwd()
+        ms = api.ModelService.model_validate(
+            {
+                "apiVersion": api.API_VERSION,
+                "kind": "ModelService",
+                "metadata": {"name": "model"},
+                "spec": {
+                    "model": {"uri": model},
+                    "routePrefix": args.route_prefix,
+                    "resources": {"gpus": 0, "cpus": 1},
+                },
+            }
+        )
     if "://" in model and not model.startswith(SERVABLE_SCHEMES):
         raise InputError(
             f"--model {model}: rayship serve reads a model from a local path or {', '.join(SERVABLE_SCHEMES)}; "
             "copy it to one of those"
         )
     try:
-        local.serve(model, port=args.port, route_prefix=route_prefix)
-    except (FileNotFoundError, ValueError) as err:  # not a directory / not a rayship model
-        raise InputError(f"--model {model}: {err}") from None
+        serve_local.serve(ms, model, base_dir=base_dir, port=args.port)
+    except (FileNotFoundError, ValueError, serve_local.DeployFailed) as err:  # not a model / app failed
+        raise InputError(f"{label}: {err}") from None
     return 0
 
 

@@ -55,7 +55,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.deployment import Deployment
 
-from rayship import names
+from rayship import modelservice, names
 from rayship_workloads import llm, models, recipes
 from rayship_workloads.llm import RequestError
 
@@ -161,10 +161,8 @@ class ServeArgs(BaseModel):
 
     @property
     def max_ongoing_requests(self) -> int:
-        """Per-replica concurrency: room for a full batch in flight and the next one filling, and headroom
-        over the autoscaling target. (At Ray's default of 5, excess requests back off in the proxy: unbatched,
-        16 clients got 56 req/s at 5 vs 282 req/s at 32 on a 2-core machine.)"""
-        return max(2 * self.max_batch_size, 2 * math.ceil(self.target_ongoing_requests))
+        """Per-replica concurrency (what a ModelService renders too: `modelservice.max_ongoing_requests`)."""
+        return modelservice.max_ongoing_requests(self.max_batch_size, self.target_ongoing_requests)
 
 
 class BadRequest(RequestError):

@@ -1,0 +1,135 @@
+"""ModelService beyond the built-in server: an own Serve application (args.modelUri, runtime_env,
+per-deployment settings), replicas.initial and the visible per-replica concurrency; every render
+checked strictly against the KubeRay CRD, KubeRay's rules and Ray's ServeDeploySchema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rayship import cli, modelservice
+from rayship.config import OperatorConfig
+from rayship.validation import parse
+from tools.kuberay_rules import rayservice_violations
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "pipeline" / "modelservice.yaml"
+CONFIG = OperatorConfig(ray_token_key="unit-test-key")
+URI = "s3://models/mlp/"
+
+
+def example(**spec: Any) -> dict[str, Any]:
+    """The shipped pipeline as a cluster takes it: its code as a zip URI, not a local folder."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["application"]["runtimeEnv"] = {
+        "workingDir": "s3://bucket/pipeline.zip",
+        "envVars": {"MODE": "x"},
+    }
+    doc["spec"].update(spec)
+    return doc
+
+
+def render(doc: dict[str, Any], rayservice_validator: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(RayService, its serveConfigV2), both validated strictly."""
+    pytest.importorskip("ray.serve", reason="the workload stack is not installed: run `make setup`")
+    from ray.serve.schema import ServeDeploySchema
+
+    rayservice = modelservice.desired_rayservice(parse(doc), CONFIG, URI)
+    assert rayservice_validator.errors(rayservice) == []
+    assert rayservice_violations(rayservice) == []
+    config = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+    ServeDeploySchema.model_validate(config)
+    return rayservice, config
+
+
+def test_own_application_gets_the_model_and_its_deployment_settings(rayservice_validator: Any) -> None:
+    _, config = render(example(), rayservice_validator)
+    (app,) = config["applications"]
+    assert app["import_path"] == "pipeline:app_builder" and app["route_prefix"] == "/pipeline"
+    assert app["args"] == {"mean": [0] * 8, "scale": [1] * 8, "modelUri": URI}
+    assert app["runtime_env"] == {"working_dir": "s3://bucket/pipeline.zip", "env_vars": {"MODE": "x"}}
+    assert app["deployments"] == [
+        {
+            "name": "Model",
+            "autoscaling_config": {
+                "min_replicas": 1,
+                "max_replicas": 4,
+                "initial_replicas": 1,
+                "target_ongoing_requests": 4.0,
+            },
+            "ray_actor_options": {"num_cpus": 1.0, "num_gpus": 0.0},
+        },
+        {
+            "name": "Preprocess",
+            "num_replicas": 1,
+            "ray_actor_options": {"num_cpus": 0.25},
+            "max_ongoing_requests": 32,
+        },
+    ]
+
+
+def test_builtin_server_shows_concurrency_and_initial_replicas(rayservice_validator: Any) -> None:
+    doc = yaml.safe_load((Path(__file__).parent / "specs" / "modelservice-uri-cpu.yaml").read_text())
+    doc["spec"]["replicas"] = {"min": 0, "max": 3, "initial": 2}
+    doc["spec"]["batching"] = {"maxBatchSize": 8}
+    doc["spec"]["deployments"] = {
+        "RayshipModel": {"maxOngoingRequests": 40, "rayActorOptions": {"numCpus": 1}}
+    }
+    rayservice, config = render(doc, rayservice_validator)
+    (deployment,) = config["applications"][0]["deployments"]
+    assert deployment["autoscaling_config"]["min_replicas"] == 0  # scale to zero
+    assert deployment["autoscaling_config"]["initial_replicas"] == 2
+    assert deployment["max_ongoing_requests"] == 40 and deployment["ray_actor_options"]["num_cpus"] == 1
+    (group,) = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (2, 0, 3)  # the head stays
+    del doc["spec"]["deployments"]
+    (deployment,) = render(doc, rayservice_validator)[1]["applications"][0]["deployments"]
+    assert deployment["max_ongoing_requests"] == 16  # derived (2 x maxBatchSize), and visible
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            {"replicas": {"min": 1, "max": 3, "initial": 4}},
+            "replicas.initial must be within replicas.min..replicas.max",
+        ),
+        (
+            {"deployments": {"Other": {"replicas": 1}}},
+            "the built-in model server has one deployment, RayshipModel",
+        ),
+        ({"deployments": {"RayshipModel": {"replicas": 2}}}, "its replicas come from spec.replicas"),
+        ({"application": {"importPath": "pipeline"}}, "importPath"),
+        (
+            {"application": {"importPath": "p:app", "args": {"modelUri": "/x"}}},
+            "modelUri: set by rayship from spec.model",
+        ),
+        (
+            {
+                "application": {"importPath": "p:app"},
+                "deployments": {"A": {"replicas": 1, "autoscaling": {}}},
+            },
+            "set replicas (a fixed count) or autoscaling, not both",
+        ),
+        (
+            {
+                "application": {"importPath": "p:app"},
+                "deployments": {"A": {"autoscaling": {"minReplicas": 3, "maxReplicas": 2}}},
+            },
+            "autoscaling.minReplicas must not exceed maxReplicas",
+        ),
+        ({"application": {"importPath": "p:app", "runtimeEnv": {"workingDir": "."}}}, "zip archive's URI"),
+    ],
+)
+def test_bad_input_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: dict[str, Any], message: str
+) -> None:
+    doc = yaml.safe_load((Path(__file__).parent / "specs" / "modelservice-uri-cpu.yaml").read_text())
+    doc["spec"].update(spec)
+    path = tmp_path / "ms.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert cli.main(["render", "-f", str(path)]) != 0
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
