@@ -107,6 +107,18 @@ test-controlplane: setup cluster-build ## the control-plane tests (reuse a runni
 e2e-local: setup cluster-build ## end to end without Docker: the CPU samples trained and served by real Ray heads (~6 min)
 	flock /tmp/rayship-ray.lock $(PYTEST) -q -s -m e2e_local tests/e2e/test_local.py
 
+##@ Benchmarks
+.PHONY: bench
+bench: setup cluster-build ## every benchmark in bench/, each printing its table and RESULT lines (Ray ones under flock /tmp/rayship-ray.lock; operator_scale on the local control plane)
+	@set -e; for script in bench/*.py; do \
+		echo "=== $$script"; \
+		if grep -qE '^(import|from) ray([. ]|$$)' $$script; then \
+			flock /tmp/rayship-ray.lock $(BIN)/python $$script; \
+		else \
+			$(BIN)/python $$script; \
+		fi; \
+	done
+
 ##@ Generated files
 .PHONY: generate verify lint
 generate: setup ## regenerate CRDs and manifests from the API models

@@ -636,8 +636,27 @@ def _start_etcd(paths: Paths, state: State, bins: dict[str, Path]) -> Proc:
     return _spawn("etcd", argv, paths, _clean_env(paths))
 
 
+def audit_log(paths: Paths | None = None) -> Path:
+    """The API server's audit log: one JSON line per request of the rayship operator (any
+    ServiceAccount of its namespace), at Metadata level; nothing of anyone else."""
+    return (paths or Paths()).logs / "audit.log"
+
+
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "userGroups": [f"system:serviceaccounts:{RAYSHIP_NAMESPACE}"]},
+        {"level": "None"},
+    ],
+}
+
+
 def _start_apiserver(paths: Paths, state: State, bins: dict[str, Path]) -> Proc:
     pki = paths.pki
+    policy = paths.run / "audit-policy.json"
+    policy.write_text(json.dumps(AUDIT_POLICY))
     argv = [
         str(bins["kube-apiserver"]),
         f"--etcd-servers=http://127.0.0.1:{state.ports['etcd-client']}",
@@ -652,6 +671,8 @@ def _start_apiserver(paths: Paths, state: State, bins: dict[str, Path]) -> Proc:
         "--authorization-mode=Node,RBAC", f"--enable-admission-plugins={ADMISSION_PLUGINS}",
         f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true",
         "--kubelet-preferred-address-types=InternalIP", "--profiling=false", "--v=1",
+        f"--audit-policy-file={policy}", f"--audit-log-path={audit_log(paths)}", "--audit-log-format=json",
+        "--audit-log-maxsize=500", "--audit-log-maxbackup=1",
     ]  # fmt: skip
     return _spawn("kube-apiserver", argv, paths, _clean_env(paths))
 

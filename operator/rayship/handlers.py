@@ -6,6 +6,7 @@ Run with `rayship operator` or `kopf run --standalone -m rayship.handlers`.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -95,14 +96,63 @@ SERVING = Controller(
 ROLLOUT_CHECK_SECONDS = 3.0
 
 
+class MemoryProgress(kopf.AnnotationsProgressStorage):
+    """kopf's per-handler progress (retry counts, delays) in this process's memory, not written to
+    the object: a reconcile is idempotent, so after a restart every object is simply handled again.
+    Only kopf's nudge to retry a failed handler after its delay (`touch`) is an annotation patch."""
+
+    def __init__(self, prefix: str):
+        super().__init__(prefix=prefix)
+        self.records: dict[tuple[str, kopf.HandlerId], kopf.ProgressRecord] = {}
+
+    def fetch(self, *, key: kopf.HandlerId, body: kopf.Body) -> kopf.ProgressRecord | None:
+        return self.records.get((body.metadata.uid or "", key))
+
+    def store(
+        self, *, key: kopf.HandlerId, record: kopf.ProgressRecord, body: kopf.Body, patch: kopf.Patch
+    ) -> None:
+        self.records[(body.metadata.uid or "", key)] = kopf.ProgressRecord(**record)
+
+    def purge(self, *, key: kopf.HandlerId, body: kopf.Body, patch: kopf.Patch) -> None:
+        self.records.pop((body.metadata.uid or "", key), None)
+        super().purge(key=key, body=body, patch=patch)  # annotations an earlier version wrote
+
+    def forget(self, uid: str) -> None:
+        for stale in [k for k in self.records if k[0] == uid]:
+            del self.records[stale]
+
+
+class MemoryDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """The spec kopf last handled (the base of its diffs: it runs the update handler only when
+    something but the status changed), in memory as compact JSON, not written to the object. After
+    a restart an object has none, so kopf handles it as created: the same reconcile."""
+
+    def __init__(self, prefix: str):
+        super().__init__(prefix=prefix, key="last-handled-configuration")
+        self.essences: dict[str, str] = {}
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        found = self.essences.get(body.metadata.uid or "")
+        if found is None:
+            return super().fetch(body=body)  # an annotation an earlier version wrote
+        return cast(kopf.BodyEssence, json.loads(found))
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        self.essences[body.metadata.uid or ""] = json.dumps(essence, separators=(",", ":"))
+
+    def forget(self, uid: str) -> None:
+        self.essences.pop(uid, None)
+
+
+PROGRESS = MemoryProgress(prefix=names.KOPF_ANNOTATION_PREFIX)
+DIFFBASE = MemoryDiffBase(prefix=names.KOPF_ANNOTATION_PREFIX)
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    # Keep kopf's bookkeeping in annotations, out of the status users read.
-    prefix = names.KOPF_ANNOTATION_PREFIX
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=prefix)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=prefix, key="last-handled-configuration"
-    )
+    # kopf's bookkeeping stays in memory: no writes to the objects for it (see MemoryProgress).
+    settings.persistence.progress_storage = PROGRESS
+    settings.persistence.diffbase_storage = DIFFBASE
     settings.posting.level = logging.WARNING  # our own Events say what happened; no handler chatter
     settings.watching.server_timeout = 270
     # No CRD or namespace scanning: the resources are known (the chart installs our CRDs, KubeRay its),
@@ -130,23 +180,66 @@ def reconciles_not_wedged(memo: kopf.Memo, **_: Any) -> int:
 # --- TrainingJob ---------------------------------------------------------------------------------
 
 
+# What kopf's watches last showed, kept in memory by kopf (trimmed: see `_kept`): the first pass of
+# a reconcile reads these instead of GETting the objects again.
+@kopf.index(*api.TRAININGJOBS)
+def trainingjobs_seen(
+    *, namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[tuple[str | None, str], dict[str, Any]]:
+    return {(namespace, name): _kept(body)}
+
+
+@kopf.index(*api.RAYJOBS, labels={names.LABEL_TRAININGJOB: kopf.PRESENT})
+def rayjobs_seen(
+    *, namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[tuple[str | None, str], dict[str, Any]]:
+    return {(namespace, name): _kept(body, drop_spec=("rayClusterSpec",))}
+
+
+# kopf injects an index by its name; its handler protocol cannot express that keyword.
 @kopf.on.resume(*api.TRAININGJOBS, id="resume")
 @kopf.on.create(*api.TRAININGJOBS, id="create")
-@kopf.on.update(*api.TRAININGJOBS, id="update")
-def trainingjob_changed(*, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    reconcile(TRAINING, _namespaced(namespace), name, memo.config)
+@kopf.on.update(*api.TRAININGJOBS, id="update")  # type: ignore[arg-type]
+def trainingjob_changed(
+    *,
+    namespace: str | None,
+    name: str,
+    body: kopf.Body,
+    rayjobs_seen: kopf.Index[tuple[str | None, str], dict[str, Any]],
+    memo: kopf.Memo,
+    **_: Any,
+) -> None:
+    # The RayJob index says whether there is a RayJob (absent: created, a namesake answers 409); one
+    # that exists is read afresh: the RayJob watch is not ordered with this TrainingJob's, so an
+    # indexed RayJob may be older than the status this TrainingJob already shows.
+    rayjob = _one(rayjobs_seen, (namespace, names.rayjob_name(name)))
+    if rayjob is not None:
+        rayjob = k8s.get(api.RAYJOBS, _namespaced(namespace), names.rayjob_name(name))
+    reconcile(TRAINING, _namespaced(namespace), name, memo.config, Seen(_kept(body), rayjob))
 
 
 @kopf.timer(*api.TRAININGJOBS, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS, id="resync")
 def trainingjob_resync(*, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     """Converge even if an event, or the reconcile it triggered, was lost (kopf retries a timer that
-    raised; event handlers are never retried)."""
+    raised; event handlers are never retried). Reads both objects from the API server."""
     reconcile(TRAINING, _namespaced(namespace), name, memo.config)
 
 
-@kopf.on.event(*api.RAYJOBS, labels={names.LABEL_TRAININGJOB: kopf.PRESENT})
-def rayjob_changed(*, namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
-    reconcile(TRAINING, _namespaced(namespace), labels[names.LABEL_TRAININGJOB], memo.config)
+@kopf.on.event(*api.RAYJOBS, labels={names.LABEL_TRAININGJOB: kopf.PRESENT})  # type: ignore[arg-type]
+def rayjob_changed(
+    *,
+    type: str | None,
+    namespace: str | None,
+    labels: Mapping[str, str],
+    body: kopf.Body,
+    trainingjobs_seen: kopf.Index[tuple[str | None, str], dict[str, Any]],
+    memo: kopf.Memo,
+    **_: Any,
+) -> None:
+    owner = labels[names.LABEL_TRAININGJOB]
+    known = _one(trainingjobs_seen, (namespace, owner))
+    seen = None if known is None else Seen(known, None if type == "DELETED" else _kept(body))
+    reconcile(TRAINING, _namespaced(namespace), owner, memo.config, seen)
 
 
 # --- ModelService --------------------------------------------------------------------------------
@@ -195,15 +288,56 @@ def services_by_trainingjob(
 @kopf.on.event(*api.TRAININGJOBS)  # type: ignore[arg-type]
 def trainingjob_for_services(
     *,
+    type: str | None,
     namespace: str | None,
     name: str,
+    uid: str | None,
     services_by_trainingjob: kopf.Index[tuple[str | None, str], str],
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
     """A TrainingJob changed (or went away): the ModelServices that serve it re-resolve their model."""
+    if type == "DELETED" and uid:
+        _forget(uid)
     for service in services_by_trainingjob.get((namespace, name), []):
         reconcile(SERVING, _namespaced(namespace), service, memo.config)
+
+
+def _kept(body: Mapping[str, Any], drop_spec: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A watched object as plain dicts, without what no reconcile reads and memory would hold for
+    every object: managedFields, kopf's copy of the last handled spec, and `drop_spec` fields."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        return value
+
+    kept: dict[str, Any] = {k: plain(v) for k, v in body.items() if k not in ("metadata", "spec")}
+    meta = {k: plain(v) for k, v in body.get("metadata", {}).items() if k != "managedFields"}
+    if annotations := meta.get("annotations"):
+        meta["annotations"] = {k: v for k, v in annotations.items() if k != names.KOPF_DIFFBASE_ANNOTATION}
+    kept["metadata"] = meta
+    if "spec" in body:
+        kept["spec"] = {k: plain(v) for k, v in body["spec"].items() if k not in drop_spec}
+    return kept
+
+
+def _one(index: kopf.Index[Any, dict[str, Any]], key: Any) -> dict[str, Any] | None:
+    return next(iter(index.get(key, [])), None)
+
+
+@kopf.on.event(*api.MODELSERVICES)
+def modelservice_gone(*, type: str | None, uid: str | None, **_: Any) -> None:
+    if type == "DELETED" and uid:
+        _forget(uid)
+
+
+def _forget(uid: str) -> None:
+    """Drop kopf's in-memory bookkeeping of a deleted object."""
+    PROGRESS.forget(uid)
+    DIFFBASE.forget(uid)
 
 
 def _namespaced(namespace: str | None) -> str:
@@ -215,30 +349,50 @@ def _namespaced(namespace: str | None) -> str:
 # --- the reconcile loop --------------------------------------------------------------------------
 
 
-def reconcile(ctl: Controller, namespace: str, name: str, config: OperatorConfig) -> None:
+@dataclass(frozen=True)
+class Seen:
+    """The resource and its child as kopf's watches last showed them (None: no child seen)."""
+
+    obj: dict[str, Any]
+    child: dict[str, Any] | None
+
+
+def reconcile(
+    ctl: Controller, namespace: str, name: str, config: OperatorConfig, seen: Seen | None = None
+) -> None:
     """Bring the child in line with the resource, then mirror the child's state into the resource's
-    status (written only when it changed, at the resourceVersion it was derived from); idempotent."""
+    status (written only when it changed, at the resourceVersion it was derived from); idempotent.
+
+    With `seen`, the first pass works from what the watches showed; a status write that finds the
+    resource changed since (409) reads both from the API server and plans again."""
     metrics.RECONCILES.labels(ctl.kind).inc()
     _running[threading.get_ident()] = (f"{ctl.kind} {namespace}/{name}", time.monotonic())
     try:
         with metrics.RECONCILE_ERRORS.labels(ctl.kind).count_exceptions():
-            for _attempt in range(CONFLICT_RETRIES):
-                if _reconcile_once(ctl, namespace, name, config):
+            for attempt in range(CONFLICT_RETRIES):
+                if _reconcile_once(ctl, namespace, name, config, seen if attempt == 0 else None):
                     return
             raise kopf.TemporaryError(f"{ctl.kind} {namespace}/{name} kept changing; retrying", delay=2)
     finally:
         _running.pop(threading.get_ident(), None)
 
 
-def _reconcile_once(ctl: Controller, namespace: str, name: str, config: OperatorConfig) -> bool:
+def _reconcile_once(
+    ctl: Controller, namespace: str, name: str, config: OperatorConfig, seen: Seen | None = None
+) -> bool:
     """One read-plan-act-write pass; False when the status write lost a race (read again)."""
-    obj = k8s.get(ctl.resource, namespace, name)
+    obj = seen.obj if seen else k8s.get(ctl.resource, namespace, name)
     if obj is None or obj["metadata"].get("deletionTimestamp"):
         return True  # gone or going: its children follow by garbage collection
-    child = k8s.get(ctl.child, namespace, ctl.child_name(name))
+    child = seen.child if seen else k8s.get(ctl.child, namespace, ctl.child_name(name))
     ref = ctl.related(obj)
     related = k8s.get(ref[0], namespace, ref[1]) if ref else None
     todo = ctl.plan(obj, child, related, config)
+    if seen and child is None and todo.create is None:
+        # No child in memory, and the plan acts on its absence (e.g. a launched child gone): the
+        # watch may lag behind a child just made, so ask the API server before acting on it.
+        child = k8s.get(ctl.child, namespace, ctl.child_name(name))
+        todo = ctl.plan(obj, child, related, config)
     owner = kopf.Body(cast(kopf.RawBody, obj))  # a raw object as read from the API
     try:
         child = _carry_out(ctl, owner, obj, child, todo)

@@ -26,6 +26,8 @@ ANNOTATION_CLUSTER_HASH = f"{api.GROUP}/cluster-config-hash"
 ANNOTATION_MODEL = f"{api.GROUP}/model-uri"
 # kopf's own bookkeeping (progress, last handled configuration) in annotations with this prefix.
 KOPF_ANNOTATION_PREFIX = api.GROUP
+# kopf's copy of the spec it last handled (its diff base for update handlers), under that prefix.
+KOPF_DIFFBASE_ANNOTATION = f"{KOPF_ANNOTATION_PREFIX}/last-handled-configuration"
 
 # In every Ray container: `<namespace>/<name>` of the resource it works for.
 ENV_TRAININGJOB = "RAYSHIP_TRAININGJOB"

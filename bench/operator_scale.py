@@ -1,0 +1,384 @@
+"""The operator at scale, on the real control plane: TrainingJobs created at once, against the same
+API server taking raw RayJob creates.
+
+    .venv/bin/python bench/operator_scale.py [--jobs 1000] [--burst 100] [--kuberay-jobs 30] [--threads 8]
+
+Questions (issue 14, P1/P2): how much longer than the API server's own create rate does the operator
+take to reconcile N TrainingJobs; how fast does one TrainingJob get its RayJob in a burst; how many
+API calls does the operator make per TrainingJob; how much memory does it hold at N.
+Goals: all-done ÷ raw creates <= 3x at 1000; p99 create -> RayJob <= 2 s at a 100-job burst;
+<= 6 API calls per TrainingJob; operator RSS <= 150 MB at 1000.
+
+Uses the local control plane (controlplane/cluster.py: etcd, kube-apiserver, controller-manager,
+scheduler, kwok nodes, the real KubeRay operator; the rayship operator started on the host exactly
+as the chart's Deployment runs it, as the chart's ServiceAccount). A cluster already running is
+reused; one started here is stopped at the end. The operator is started afresh for the run (and
+restarted at the end if it was running before). Each phase has its own namespace, deleted (and
+waited for) before the next phase; the last one (N TrainingJobs) is not waited for.
+
+  raw RayJobs     baseline: N RayJobs (exactly the RayJob rayship renders for the job, without its
+                  rayship labels, suspended) created by --threads client threads; time from the first
+                  create sent to the last create answered (after 50 untimed warm-up creates).
+  burst           --burst TrainingJobs (suspended) created at once by the same threads; per job, from
+                  its create request sent to its RayJob seen by a watch: p50/p99/max.
+  N TrainingJobs  N TrainingJobs (suspended) created the same way; all-done = from the first create
+                  sent until every TrainingJob has its RayJob and a status.phase (both seen by
+                  watches). ratio = all-done ÷ raw RayJobs.
+                  API calls: every request of the operator the API server's audit log records
+                  (controlplane/cluster.py: all requests of ServiceAccounts of the operator's
+                  namespace, at Metadata level, one line per request by auditID; kopf's watches and
+                  Event posts included) from the first create until 5 s after all-done, ÷ N.
+                  RSS: VmRSS (and VmHWM, the peak) of the operator process (/proc/<pid>/status) then.
+  KubeRay alone   --kuberay-jobs raw RayJobs, not suspended: time until KubeRay has made every
+                  RayCluster; then as many TrainingJobs, not suspended: time until every RayCluster
+                  exists; rayship's added time = the difference. A small N: 1000 RayClusters (3000
+                  kwok pods) are too heavy for a 2-core machine shared with the rest.
+
+Timing is on this machine's monotonic clock; the watches run in this process. Prints tables and
+ends with one RESULT line per figure; never fails on the goals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import json
+import statistics
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from controlplane import cluster as controlplane  # noqa: E402
+from rayship import api, names, trainingjob, validation  # noqa: E402
+from rayship.config import OperatorConfig  # noqa: E402
+
+SAMPLE = ROOT / "manifests/samples/kind-trainingjob-cpu.yaml"
+RAYCLUSTERS: api.Resource = (api.KUBERAY_GROUP, api.KUBERAY_VERSION, "rayclusters")
+
+
+def client_for(kubeconfig: Path, threads: int) -> kubernetes.client.ApiClient:
+    config = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(config_file=str(kubeconfig), client_configuration=config)
+    config.connection_pool_maxsize = threads + 4
+    return kubernetes.client.ApiClient(config)
+
+
+class Seen:
+    """Watches one kind in one namespace; records when each object first met `done`."""
+
+    def __init__(self, client: kubernetes.client.ApiClient, namespace: str, resource: api.Resource,
+                 done: Callable[[dict[str, Any]], bool] = lambda _: True, name: Callable[[dict[str, Any]], str] | None = None):  # fmt: skip
+        self.custom = kubernetes.client.CustomObjectsApi(client)
+        self.namespace, self.resource, self.done = namespace, resource, done
+        self.name = name or (lambda obj: obj["metadata"]["name"])
+        self.at: dict[str, float] = {}
+        self.stopping = False
+        self.lock = threading.Lock()
+        group, version, plural = resource
+        listed = self.custom.list_namespaced_custom_object(group, version, namespace, plural)
+        self.version = listed["metadata"]["resourceVersion"]
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        group, version, plural = self.resource
+        while not self.stopping:
+            stream = kubernetes.watch.Watch().stream(
+                self.custom.list_namespaced_custom_object, group, version, self.namespace, plural,
+                resource_version=self.version, timeout_seconds=60, allow_watch_bookmarks=True,
+            )  # fmt: skip
+            for event in stream:
+                now = time.monotonic()
+                obj = event["object"]
+                self.version = obj["metadata"]["resourceVersion"]
+                if event["type"] in ("ADDED", "MODIFIED") and self.done(obj):
+                    with self.lock:
+                        self.at.setdefault(self.name(obj), now)
+                if self.stopping:
+                    break
+
+    def wait(self, names_: list[str], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if all(n in self.at for n in names_):
+                    return True
+            time.sleep(0.05)
+        return False
+
+    def stop(self) -> None:
+        self.stopping = True
+
+
+def create_all(client: kubernetes.client.ApiClient, namespace: str, resource: api.Resource,
+               bodies: list[dict[str, Any]], threads: int) -> tuple[dict[str, float], float]:  # fmt: skip
+    """Create every body with `threads` threads: (name -> monotonic time its create was sent, time
+    the last create was answered)."""
+    custom = kubernetes.client.CustomObjectsApi(client)
+    group, version, plural = resource
+    sent: dict[str, float] = {}
+
+    def create(body: dict[str, Any]) -> float:
+        sent[body["metadata"]["name"]] = time.monotonic()
+        custom.create_namespaced_custom_object(group, version, namespace, plural, body)
+        return time.monotonic()
+
+    with ThreadPoolExecutor(threads) as pool:
+        answered = list(pool.map(create, bodies))
+    return sent, max(answered)
+
+
+def make_namespace(client: kubernetes.client.ApiClient, prefix: str) -> str:
+    name = f"bench-{prefix}-{uuid.uuid4().hex[:5]}"
+    kubernetes.client.CoreV1Api(client).create_namespace({"metadata": {"name": name}})
+    return name
+
+
+def delete_namespace(
+    client: kubernetes.client.ApiClient, name: str, timeout: float = 900, wait: bool = True
+) -> float:
+    """Delete a namespace and wait until it is gone (its objects garbage-collected): seconds taken."""
+    core = kubernetes.client.CoreV1Api(client)
+    start = time.monotonic()
+    core.delete_namespace(name)
+    if not wait:
+        return 0.0
+    while time.monotonic() - start < timeout:
+        try:
+            core.read_namespace(name)
+        except ApiException as err:
+            if err.status == 404:
+                return time.monotonic() - start
+            raise
+        time.sleep(1)
+    print(f"  (namespace {name} still terminating after {timeout:.0f} s)")
+    return timeout
+
+
+def trainingjobs(namespace: str, count: int, prefix: str, suspend: bool) -> list[dict[str, Any]]:
+    doc = yaml.safe_load(SAMPLE.read_text())
+    out = []
+    for i in range(count):
+        body = copy.deepcopy(doc)
+        body["metadata"] = {"name": f"{prefix}-{i:05d}", "namespace": namespace}
+        body["spec"]["suspend"] = suspend
+        out.append(body)
+    return out
+
+
+def raw_rayjobs(namespace: str, count: int, suspend: bool) -> list[dict[str, Any]]:
+    """The RayJob rayship renders for the sample, as a plain RayJob (no rayship labels: the operator
+    leaves it alone)."""
+    doc = yaml.safe_load(SAMPLE.read_text())
+    doc["metadata"]["namespace"] = namespace
+    doc["spec"]["suspend"] = suspend
+    rayjob = trainingjob.render_trainingjob(validation.parse_trainingjob(doc), OperatorConfig())[-1]
+    rayjob["metadata"].pop("labels", None)
+    out = []
+    for i in range(count):
+        body = copy.deepcopy(rayjob)
+        body["metadata"]["name"] = f"raw-{i:05d}"
+        out.append(body)
+    return out
+
+
+def audit_offset() -> int:
+    path = controlplane.audit_log()
+    return path.stat().st_size if path.exists() else 0
+
+
+def audit_since(offset: int) -> list[dict[str, Any]]:
+    """The operator's requests logged since `offset`, one per auditID."""
+    path = controlplane.audit_log()
+    if not path.exists():
+        return []
+    with path.open("rb") as f:
+        f.seek(offset)
+        lines = f.read().decode(errors="replace").splitlines()
+    seen: dict[str, dict[str, Any]] = {}
+    for line in lines:
+        if line.strip():
+            event = json.loads(line)
+            seen.setdefault(event["auditID"], event)
+    return list(seen.values())
+
+
+def call_kind(event: dict[str, Any]) -> str:
+    ref = event.get("objectRef") or {}
+    what = ref.get("resource", "?") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+    return f"{event['verb']} {what}"
+
+
+def rss_kb(pid: int) -> dict[str, int]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0])
+    return fields
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--jobs", type=int, default=1000, help="TrainingJobs in the scale phase")
+    parser.add_argument("--burst", type=int, default=100, help="TrainingJobs in the burst phase")
+    parser.add_argument(
+        "--kuberay-jobs", type=int, default=30, help="RayJobs/TrainingJobs in the KubeRay phase"
+    )
+    parser.add_argument("--threads", type=int, default=8, help="client threads creating objects")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for one phase")
+    args = parser.parse_args()
+
+    running = controlplane.up(operator=None)
+    was_running = controlplane.status().get("operator") is not None if not running.started else False
+    controlplane.stop_operator()
+    results: dict[str, float] = {}
+    handle = None
+    try:
+        client = client_for(running.kubeconfig, args.threads)
+        n = args.jobs
+
+        # --- baseline: raw RayJob creates ---------------------------------------------------------
+        ns = make_namespace(client, "raw")
+        warm = raw_rayjobs(ns, min(n, 50), suspend=True)  # connections, API server caches: not timed
+        for body in warm:
+            body["metadata"]["name"] = body["metadata"]["name"].replace("raw-", "warm-")
+        create_all(client, ns, api.RAYJOBS, warm, args.threads)
+        sent, last = create_all(client, ns, api.RAYJOBS, raw_rayjobs(ns, n, suspend=True), args.threads)
+        raw_s = last - min(sent.values())
+        gone = delete_namespace(client, ns)
+        print(
+            f"raw RayJobs: {n} created in {raw_s:.2f} s ({n / raw_s:.0f}/s); namespace deleted in {gone:.0f} s"
+        )
+
+        handle = controlplane.start_operator()
+        print(f"rayship operator pid {handle.pid}: {rss_kb(handle.pid)['VmRSS'] / 1024:.0f} MB at start")
+
+        # --- burst: create -> RayJob ----------------------------------------------------------------
+        ns = make_namespace(client, "burst")
+        rayjobs = Seen(
+            client, ns, api.RAYJOBS, name=lambda o: o["metadata"]["labels"][names.LABEL_TRAININGJOB]
+        )
+        statuses = Seen(
+            client, ns, api.TRAININGJOBS, done=lambda o: bool((o.get("status") or {}).get("phase"))
+        )
+        bodies = trainingjobs(ns, args.burst, "b", suspend=True)
+        sent, _ = create_all(client, ns, api.TRAININGJOBS, bodies, args.threads)
+        complete = rayjobs.wait(list(sent), args.timeout)
+        statuses.wait(list(sent), args.timeout)  # the operator is done with them before they go
+        rayjobs.stop()
+        statuses.stop()
+        latency = [rayjobs.at[k] - sent[k] for k in sent if k in rayjobs.at]
+        print(
+            f"burst of {args.burst}: create -> RayJob p50 {statistics.median(latency):.2f} s, "
+            f"p99 {pct(latency, 0.99):.2f} s, max {max(latency):.2f} s" + ("" if complete else " (TIMED OUT)")
+        )
+        results["operator_p99_create_to_rayjob_s_100" if args.burst == 100 else f"operator_p99_create_to_rayjob_s_{args.burst}"] = pct(latency, 0.99)  # fmt: skip
+        delete_namespace(client, ns)
+
+        # --- KubeRay alone vs through rayship (RayClusters) ----------------------------------------------
+        m = args.kuberay_jobs
+        ns = make_namespace(client, "kuberay")
+        clusters = Seen(client, ns, RAYCLUSTERS, name=lambda o: o["metadata"]["ownerReferences"][0]["name"])
+        sent, _ = create_all(client, ns, api.RAYJOBS, raw_rayjobs(ns, m, suspend=False), args.threads)
+        clusters.wait(list(sent), args.timeout)
+        clusters.stop()
+        kuberay_s = max(clusters.at.values()) - min(sent.values())
+        delete_namespace(client, ns)
+        ns = make_namespace(client, "kr-tj")
+        clusters = Seen(client, ns, RAYCLUSTERS, name=lambda o: o["metadata"]["ownerReferences"][0]["name"])
+        sent, _ = create_all(
+            client, ns, api.TRAININGJOBS, trainingjobs(ns, m, "k", suspend=False), args.threads
+        )
+        expected = [names.rayjob_name(k) for k in sent]
+        clusters.wait(expected, args.timeout)
+        clusters.stop()
+        via_s = max(clusters.at.values()) - min(sent.values())
+        delete_namespace(client, ns)
+        print(
+            f"KubeRay, {m} RayJobs -> RayClusters: {kuberay_s:.2f} s alone; through rayship (TrainingJobs) "
+            f"{via_s:.2f} s: rayship adds {via_s - kuberay_s:.2f} s"
+        )
+
+        # --- scale: N TrainingJobs --------------------------------------------------------------------
+        ns = make_namespace(client, "scale")
+        rayjobs = Seen(
+            client, ns, api.RAYJOBS, name=lambda o: o["metadata"]["labels"][names.LABEL_TRAININGJOB]
+        )
+        statuses = Seen(
+            client, ns, api.TRAININGJOBS, done=lambda o: bool((o.get("status") or {}).get("phase"))
+        )
+        offset = audit_offset()
+        sent, last = create_all(
+            client, ns, api.TRAININGJOBS, trainingjobs(ns, n, "j", suspend=True), args.threads
+        )
+        first = min(sent.values())
+        create_s = last - first
+        complete = rayjobs.wait(list(sent), args.timeout) and statuses.wait(list(sent), args.timeout)
+        done_at = max([*rayjobs.at.values(), *statuses.at.values()])
+        all_done_s = done_at - first
+        memory = rss_kb(handle.pid)
+        time.sleep(5)
+        calls = [e for e in audit_since(offset) if (e.get("objectRef") or {}).get("namespace") in (ns, None)]
+        rayjobs.stop()
+        statuses.stop()
+        phases = collections.Counter()
+        for k in sent:
+            phases["with RayJob"] += k in rayjobs.at
+            phases["with status"] += k in statuses.at
+        print(
+            f"{n} TrainingJobs: created in {create_s:.2f} s; all reconciled after {all_done_s:.2f} s"
+            + ("" if complete else f" (TIMED OUT: {dict(phases)})")
+        )
+        print(f"  all-done ÷ raw RayJob creates: {all_done_s / raw_s:.2f}x (goal <= 3x)")
+        print(
+            f"  operator RSS {memory['VmRSS'] / 1024:.0f} MB, peak {memory['VmHWM'] / 1024:.0f} MB (goal <= 150 MB)"
+        )
+        print(
+            f"  operator API calls (audit log): {len(calls)} = {len(calls) / n:.2f} per TrainingJob (goal <= 6)"
+        )
+        for what, count in collections.Counter(map(call_kind, calls)).most_common():
+            print(f"    {count / n:7.3f}  {what}  ({count})")
+        refused = [e for e in calls if (e.get("responseStatus") or {}).get("code") == 403]
+        print(f"    refused (403): {len(refused)}")
+        lat = [rayjobs.at[k] - sent[k] for k in sent if k in rayjobs.at]
+        print(f"  create -> RayJob at {n}: p50 {statistics.median(lat):.2f} s, p99 {pct(lat, 0.99):.2f} s")
+        results[f"operator_all_done_ratio_{n}"] = all_done_s / raw_s
+        results["operator_api_calls_per_job"] = len(calls) / n
+        results[f"operator_rss_mb_{n}"] = memory["VmRSS"] / 1024
+        if not running.started:  # a cluster started here is removed whole at the end
+            delete_namespace(client, ns, wait=False)
+
+    finally:
+        if handle is not None:
+            controlplane.stop_operator(handle)
+        if running.started:
+            controlplane.down()
+        elif was_running:
+            controlplane.start_operator()
+    for name, value in results.items():
+        print(f"RESULT {name}={value:.3f}" if value < 100 else f"RESULT {name}={value:.0f}")
+
+
+if __name__ == "__main__":
+    main()
