@@ -165,6 +165,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.config = config
     logging.getLogger("rayship").setLevel(memo.config.log_level.upper())
     metrics.serve(memo.config.metrics_port)
+    _stop_resync.clear()
+    threading.Thread(target=resync_trainingjobs, args=(config,), name="rayship-resync", daemon=True).start()
 
 
 @kopf.on.probe(id="reconciles")
@@ -218,11 +220,37 @@ def trainingjob_changed(
     reconcile(TRAINING, _namespaced(namespace), name, memo.config, Seen(_kept(body), rayjob))
 
 
-@kopf.timer(*api.TRAININGJOBS, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS, id="resync")
-def trainingjob_resync(*, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    """Converge even if an event, or the reconcile it triggered, was lost (kopf retries a timer that
-    raised; event handlers are never retried). Reads both objects from the API server."""
-    reconcile(TRAINING, _namespaced(namespace), name, memo.config)
+# Every TrainingJob seen and not seen deleted: (namespace, name). The resync thread reconciles each.
+_trainingjobs: set[tuple[str, str]] = set()
+_stop_resync = threading.Event()
+
+
+def resync_trainingjobs(config: OperatorConfig) -> None:
+    """Converge even if an event, or the reconcile it triggered, was lost (event handlers are never
+    retried): every TrainingJob is reconciled from the API server about every `resync_seconds`,
+    spread over that interval. One thread, not a kopf timer per object: kopf puts a finalizer on
+    every object with a timer (a PATCH at creation and one at deletion, and no deletion at all
+    while the operator is down)."""
+    while not _stop_resync.is_set():
+        known = sorted(_trainingjobs)
+        if not known:
+            _stop_resync.wait(config.resync_seconds)
+        for namespace, name in known:
+            if _stop_resync.wait(config.resync_seconds / len(known)):
+                return
+            if (namespace, name) not in _trainingjobs:
+                continue  # deleted meanwhile
+            try:
+                reconcile(TRAINING, namespace, name, config)
+            except kopf.TemporaryError as err:
+                log.warning("resync of TrainingJob %s/%s: %s; again at the next resync", namespace, name, err)
+            except Exception:  # one object's failure must not stop the others' resync
+                log.exception("resync of TrainingJob %s/%s failed; again at the next resync", namespace, name)
+
+
+@kopf.on.cleanup()
+def stop_resync(**_: Any) -> None:
+    _stop_resync.set()
 
 
 @kopf.on.event(*api.RAYJOBS, labels={names.LABEL_TRAININGJOB: kopf.PRESENT})  # type: ignore[arg-type]
@@ -297,8 +325,12 @@ def trainingjob_for_services(
     **_: Any,
 ) -> None:
     """A TrainingJob changed (or went away): the ModelServices that serve it re-resolve their model."""
-    if type == "DELETED" and uid:
-        _forget(uid)
+    if type == "DELETED":
+        _trainingjobs.discard((_namespaced(namespace), name))
+        if uid:
+            _forget(uid)
+    else:
+        _trainingjobs.add((_namespaced(namespace), name))
     for service in services_by_trainingjob.get((namespace, name), []):
         reconcile(SERVING, _namespaced(namespace), service, memo.config)
 
