@@ -11,7 +11,6 @@ Field names are camelCase on the wire (aliases); Python code uses snake_case att
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
@@ -121,14 +120,10 @@ def sub(model: type[BaseModel], description: str) -> Any:
     def default(schema: dict[str, Any]) -> None:
         schema["default"] = model().model_dump(mode="json", by_alias=True, exclude_none=True)
 
-    @functools.cache
-    def validated() -> BaseModel:
-        # Built once: the defaults never change. Their CEL rules are not evaluated: the API server
-        # checks the CRD's defaults against them (and tests/unit/test_cel.py does too).
-        return model.model_validate({}, context={"admitted": True})
-
     def factory() -> BaseModel:
-        return validated().model_copy(deep=True)  # each object gets its own copy
+        # The defaults' CEL rules are not evaluated: the API server checks the CRD's defaults
+        # against them (and tests/unit/test_cel.py does too).
+        return model.model_validate({}, context={"admitted": True})
 
     return Field(default_factory=factory, description=description, json_schema_extra=default)
 
