@@ -28,13 +28,15 @@ waited for) before the next phase; the last one (N TrainingJobs) is not waited f
                   (controlplane/cluster.py: all requests of ServiceAccounts of the operator's
                   namespace, at Metadata level, one line per request by auditID; kopf's watches and
                   Event posts included) from the first create until 5 s after all-done, ÷ N.
-                  RSS: VmRSS (and VmHWM, the peak) of the operator process (/proc/<pid>/status) then.
+                  RSS: VmRSS (and VmHWM, the peak) of the operator process (/proc/<pid>/status) then;
+                  also of a restarted operator holding the same N, once its API calls stop for 10 s.
   KubeRay alone   --kuberay-jobs raw RayJobs, not suspended: time until KubeRay has made every
                   RayCluster; then as many TrainingJobs, not suspended: time until every RayCluster
                   exists; rayship's added time = the difference. A small N: 1000 RayClusters (3000
                   kwok pods) are too heavy for a 2-core machine shared with the rest.
 
-Timing is on this machine's monotonic clock; the watches run in this process. Prints tables and
+The phases run in the order raw RayJobs, burst, KubeRay alone, N TrainingJobs. Timing is on this
+machine's monotonic clock; the watches run in this process. Prints tables and
 ends with one RESULT line per figure; never fails on the goals.
 """
 
@@ -366,6 +368,18 @@ def main() -> None:
         results[f"operator_all_done_ratio_{n}"] = all_done_s / raw_s
         results["operator_api_calls_per_job"] = len(calls) / n
         results[f"operator_rss_mb_{n}"] = memory["VmRSS"] / 1024
+        # The same N objects held by an operator that did not live through the burst of events:
+        # restarted, it lists them all, reconciles each once (nothing to create), then idles.
+        controlplane.stop_operator(handle)
+        handle = controlplane.start_operator()
+        offset, quiet, deadline = audit_offset(), time.monotonic(), time.monotonic() + args.timeout
+        while time.monotonic() - quiet < 10 and time.monotonic() < deadline:  # until 10 s without a call
+            time.sleep(1)
+            if (size := audit_offset()) != offset:
+                offset, quiet = size, time.monotonic()
+        print(
+            f"  after a restart with the {n} TrainingJobs: operator RSS {rss_kb(handle.pid)['VmRSS'] / 1024:.0f} MB"
+        )
         if not running.started:  # a cluster started here is removed whole at the end
             delete_namespace(client, ns, wait=False)
 
