@@ -5,7 +5,7 @@ the Events a reconcile announces, and the `Plan` both planners return to the rec
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -85,10 +85,7 @@ class Probe:
 
     service: str  # `<service>:<port name>`
     path: str
-    token: str = ""
-
-    def __repr__(self) -> str:  # never log the token
-        return f"Probe({self.service!r}, {self.path!r})"
+    token: str = field(default="", repr=False)  # never logged
 
 
 # Container waiting reasons that mean the pod will not start by itself.

@@ -323,10 +323,9 @@ def post_json(url: str, payload: dict[str, Any], timeout: float = 30.0) -> dict[
     return body
 
 
-def serve(model_uri: str, *, port: int, route_prefix: str = "/", block: bool = True) -> str:
-    """Serve an exported model on local Ray; with `block`, until Ctrl-C. Returns the base URL."""
-    from ray import serve as ray_serve
-
+def serve(model_uri: str, *, port: int, route_prefix: str = "/") -> str:
+    """Serve an exported model on local Ray for the demo (it shuts Serve down itself); the base URL.
+    `rayship serve -f` goes through `serve_local.serve`."""
     from rayship_workloads import models, storage
     from rayship_workloads.serve import serve_locally
 
@@ -337,13 +336,6 @@ def serve(model_uri: str, *, port: int, route_prefix: str = "/", block: bool = T
         f"serving {model_uri} at {url}  (POST {url.rstrip('/')}/predict, GET {url.rstrip('/')}/healthz)",
         flush=True,
     )
-    if block:
-        try:
-            threading.Event().wait()
-        except KeyboardInterrupt:
-            print("stopping", flush=True)
-        finally:
-            ray_serve.shutdown()
     return url
 
 
@@ -359,7 +351,7 @@ def demo(
     tj = as_trainingjob(tj)
     result = run(tj, runs_dir=runs_dir, restart=True)  # the demo trains afresh every time
     try:
-        url = serve(result["model"], port=port, route_prefix="/" + tj.metadata.name, block=False)
+        url = serve(result["model"], port=port, route_prefix="/" + tj.metadata.name)
         config = tj.spec.trainer.config
         # A fresh draw from the function the synthetic training data came from (not a training row).
         x, y = data.synthetic_arrays(1, data.synthetic_features(config), seed=data.seed(config))
