@@ -20,6 +20,7 @@ PATTERN_HINTS = {
     api.LABEL_VALUE_PATTERN: "a label value: letters, digits, '-', '_' and '.', at most 63 characters",
     api.ENV_NAME_PATTERN: "letters, digits and '_', not starting with a digit",
     api.ENTRYPOINT_PATTERN: "module:function, e.g. mypkg.train:train_loop",
+    api.IMPORT_PATH_PATTERN: "module:attribute, e.g. myapp.serve:app_builder",
     api.RAY_VERSION_PATTERN: "a Ray version of at least 2.52.0 (token auth), such as 2.60.0",
     r"^(s3|gs|abfs|hdfs)://.+": "an object-store URI such as s3://bucket/checkpoints",
     r"^/.*": "an absolute path such as /mnt/checkpoints",
@@ -53,15 +54,27 @@ def _inner_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _keyed(annotation: Any) -> bool:
+    """Whether a field is a mapping (dict[str, ...], optional or not): its next path part is a key."""
+    if typing.get_origin(annotation) is dict:
+        return True
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and any(
+        map(_keyed, typing.get_args(annotation))
+    )
+
+
 def _model_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseModel] | None:
     current: type[BaseModel] | None = model
+    key_next = False  # the part after a mapping field is one of its keys, not a field name
     for part in loc:
         if current is None:
             return None
-        if isinstance(part, int):
+        if isinstance(part, int) or key_next:
+            key_next = False
             continue
         field = next((f for n, f in current.model_fields.items() if (f.alias or n) == part), None)
         current = _inner_model(field.annotation) if field is not None else None
+        key_next = field is not None and _keyed(field.annotation)
     return current
 
 

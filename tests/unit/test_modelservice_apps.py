@@ -101,7 +101,15 @@ def test_builtin_server_shows_concurrency_and_initial_replicas(rayservice_valida
             "the built-in model server has one deployment, RayshipModel",
         ),
         ({"deployments": {"RayshipModel": {"replicas": 2}}}, "its replicas come from spec.replicas"),
-        ({"application": {"importPath": "pipeline"}}, "importPath"),
+        (
+            {"application": {"importPath": "pipeline"}},
+            "importPath: 'pipeline' is not valid: expected module:attribute, e.g. myapp.serve:app_builder",
+        ),
+        (  # a field under a mapping's key: the allowed fields of its model are named
+            {"application": {"importPath": "p:app"}, "deployments": {"A": {"autoscaling": {"min": 1}}}},
+            "spec.deployments.A.autoscaling.min: unknown field; allowed here: "
+            "minReplicas, maxReplicas, initialReplicas, targetOngoingRequests",
+        ),
         (
             {"application": {"importPath": "p:app", "args": {"modelUri": "/x"}}},
             "modelUri: set by rayship from spec.model",
