@@ -20,9 +20,10 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from rayship import __version__, api, modelservice, trainingjob, yamlio
-from rayship.config import ConfigError, OperatorConfig
+from rayship.config import OperatorConfig
 from rayship.validation import SpecError, parse
 
 EXIT_INVALID = 1
@@ -328,20 +329,22 @@ def main(argv: list[str] | None = None) -> int:
     except (InputError, SpecError) as err:
         print(f"error: {err}".replace("\n", "\nerror: "), file=sys.stderr)
         return EXIT_INVALID
-    except (ValidationError, ConfigError) as err:  # RAYSHIP_* environment variables
+    except (ValidationError, SettingsError) as err:  # RAYSHIP_* environment variables
         for line in config_problems(err):
             print(f"error: {line}", file=sys.stderr)
         return EXIT_INVALID
 
 
-def config_problems(err: ValidationError | ConfigError) -> list[str]:
+def config_problems(err: ValidationError | SettingsError) -> list[str]:
     """One line per bad RAYSHIP_* variable, naming it (not pydantic's multi-line dump)."""
     if isinstance(err, ValidationError):
         return [
             f"RAYSHIP_{str(e['loc'][0]).upper()}: {e['msg'][0].lower()}{e['msg'][1:]} (got {e.get('input')!r})"
             for e in err.errors(include_url=False)
         ]
-    return [str(err)]
+    found = re.search(r'field "(\w+)"', str(err))
+    name = f"RAYSHIP_{found.group(1).upper()}" if found else "RAYSHIP_*"
+    return [f"{name}: not valid JSON ({err.__cause__ or err})"]
 
 
 if __name__ == "__main__":

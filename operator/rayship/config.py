@@ -6,36 +6,18 @@ an offline render matches what the operator would create.
 
 from __future__ import annotations
 
-import json
-import os
-import typing
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rayship import __version__
 
-ENV_PREFIX = "RAYSHIP_"
 
+class OperatorConfig(BaseSettings):
+    """Defaults the renderer applies where a spec leaves a field unset."""
 
-class ConfigError(ValueError):
-    """A RAYSHIP_* variable that should hold JSON and does not."""
-
-    def __init__(self, variable: str, err: json.JSONDecodeError):
-        super().__init__(f"{variable}: not valid JSON ({err})")
-        self.variable = variable
-
-
-class OperatorConfig(BaseModel):
-    """Defaults the renderer applies where a spec leaves a field unset.
-
-    `OperatorConfig()` reads each field from the environment variable `RAYSHIP_<FIELD>` (any case;
-    lists and mappings as JSON); keyword arguments override the environment."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    def __init__(self, **values: Any) -> None:
-        super().__init__(**{**environment(type(self)), **values})
+    model_config = SettingsConfigDict(env_prefix="RAYSHIP_", frozen=True, extra="ignore")
 
     default_image: str = Field(
         f"rayship/rayship-workloads:{__version__}-gpu",
@@ -78,22 +60,3 @@ class OperatorConfig(BaseModel):
     wedged_seconds: float = Field(
         300, ge=30, description="Liveness fails when one reconcile has been running longer than this."
     )
-
-
-def environment(model: type[BaseModel]) -> dict[str, Any]:
-    """The fields of `model` set by RAYSHIP_* environment variables (names in any case), lists and
-    mappings decoded from JSON."""
-    found = {k.upper(): v for k, v in os.environ.items() if k.upper().startswith(ENV_PREFIX)}
-    values: dict[str, Any] = {}
-    for name, field in model.model_fields.items():
-        variable = f"{ENV_PREFIX}{name.upper()}"
-        if variable not in found:
-            continue
-        value: Any = found[variable]
-        if typing.get_origin(field.annotation) in (list, dict):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as err:
-                raise ConfigError(variable, err) from None
-        values[name] = value
-    return values
