@@ -1016,6 +1016,50 @@ class ServeApplication(ApiModel):
         return args
 
 
+VLLM_SET_BY_FIELDS = {
+    "model": "model.uri / model.fromTrainingJob",
+    "tensor_parallel_size": "vllm.tensorParallelSize",
+    "max_model_len": "vllm.maxModelLen",
+    "gpu_memory_utilization": "vllm.gpuMemoryUtilization",
+    "dtype": "vllm.dtype",
+}
+
+
+class VllmSpec(ApiModel):
+    """The vLLM engine of `engine: vllm`: rendered into Ray Serve LLM's `LLMConfig` (its `engine_kwargs`
+    are vLLM's engine arguments)."""
+
+    model_id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$",
+        description="The model name clients send as `model` (default: the ModelService's name).",
+    )
+    max_model_len: int | None = Field(
+        None, ge=1, le=10_000_000, description="Longest sequence (prompt + output) in tokens."
+    )
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, allow_inf_nan=False, description="Share of each GPU's memory vLLM may use."
+    )
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] | None = Field(
+        None, description="Weights and activations type (vLLM's default: auto)."
+    )
+    tensor_parallel_size: int | None = Field(
+        None, ge=1, le=16, description="GPUs one replica spreads the model over (default: resources.gpus)."
+    )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More vLLM engine arguments (snake_case, as vLLM names them), passed through.",
+    )
+
+    @field_validator("engine_args")
+    @classmethod
+    def _not_set_twice(cls, args: dict[str, Any]) -> dict[str, Any]:
+        for key in args:
+            if key in VLLM_SET_BY_FIELDS:
+                raise ValueError(f"{key}: set by {VLLM_SET_BY_FIELDS[key]}; remove it from engineArgs")
+        return args
+
+
 class ModelStorage(ApiModel):
     """Where the model files live for the serving pods."""
 
@@ -1044,6 +1088,33 @@ class ModelServiceSpec(ApiModel):
             "has(self.application) || !has(self.deployments) || self.deployments.all(k, k == 'RayshipModel')",
             "deployments: the built-in model server has one deployment, RayshipModel (other names need "
             "spec.application)",
+        ),
+        CelRule(
+            "!has(self.vllm) || self.engine == 'vllm'",
+            "vllm: settings of engine vllm; set engine: vllm or remove them",
+        ),
+        CelRule(
+            "self.engine != 'vllm' || !has(self.application)",
+            "engine vllm serves Ray Serve LLM's OpenAI application; remove application (or the engine)",
+        ),
+        CelRule(
+            "self.engine != 'vllm' || has(self.image)",
+            "engine vllm needs an image with vLLM in spec.image, e.g. rayproject/ray-llm:2.60.0-py311-cu128",
+        ),
+        CelRule(
+            "self.engine != 'vllm' || !has(self.deployments) || size(self.deployments) == 0",
+            "deployments: engine vllm names its own deployments; size them with replicas, resources and vllm",
+        ),
+        CelRule(
+            "self.engine != 'vllm' || !has(self.resources) || !has(self.resources.gpus) || "
+            "self.resources.gpus >= 1",
+            "engine vllm runs on GPUs: set resources.gpus to at least 1",
+        ),
+        CelRule(
+            "self.engine != 'vllm' || !has(self.vllm) || !has(self.vllm.tensorParallelSize) || "
+            "self.vllm.tensorParallelSize <= (has(self.resources) && has(self.resources.gpus) ? "
+            "self.resources.gpus : 1)",
+            "vllm.tensorParallelSize must not exceed resources.gpus (the GPUs of one replica's pod)",
         ),
         CelRule(
             "has(self.application) || !has(self.deployments) || !has(self.deployments.RayshipModel) || "
@@ -1092,6 +1163,13 @@ class ModelServiceSpec(ApiModel):
         max_length=64,
         description="Per-deployment settings by deployment name (the built-in server's is RayshipModel).",
     )
+    engine: Literal["rayship", "vllm"] = Field(
+        "rayship",
+        description="rayship: the built-in model server (any rayship model, CPU or GPU). vllm: Ray Serve "
+        "LLM's OpenAI-compatible app on vLLM (ray.serve.llm:build_openai_app) for causal language models "
+        "on GPUs; needs an image with vLLM.",
+    )
+    vllm: VllmSpec | None = Field(None, description="vLLM engine settings (engine: vllm).")
 
 
 ServicePhase = Literal["WaitingForModel", "Deploying", "Ready", "Degraded", "Failed", "Invalid"]
