@@ -54,7 +54,7 @@ operator: setup ## run the operator against the current kube context
 ##@ Test
 .PHONY: test test-unit test-operator test-workloads test-chart
 test: setup ## the whole suite (every tier; what CI runs)
-	$(PYTEST) -q
+	$(PYTEST) -q --durations=25
 
 test-unit: setup ## renderer, CRD, CLI, status: no cluster, no Ray
 	$(PYTEST) -q tests/unit
