@@ -1,0 +1,127 @@
+"""Ray Tune's PBT (`spec.tuning.scheduler: pbt`): mutations from the search space, kept inside it,
+and a real checkpoint hand-off between trials through `rayship run -f`, with readable progress."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from ray.tune.schedulers import PopulationBasedTraining
+
+from rayship import api
+from rayship_workloads import tune
+from tests.conftest import SAMPLES
+
+pytestmark = pytest.mark.workloads
+
+
+def tuning(**fields: object) -> api.TuningSpec:
+    return api.TuningSpec.model_validate(
+        {
+            "scheduler": "pbt",
+            "searchSpace": {
+                "learningRate": {"distribution": "loguniform", "low": 1e-4, "high": 1e-2},
+                "batchSizePerWorker": {"distribution": "randint", "low": 8, "high": 64},
+                "config.hidden": {"distribution": "grid", "values": [[16], [32]]},
+                "config.dropout": {"distribution": "choice", "values": [0.0, 0.1]},
+            },
+            **fields,
+        }
+    )
+
+
+def test_pbt_mutations_come_from_the_search_space_and_its_knobs_reach_tune() -> None:
+    spec = tuning(pbt={"perturbationInterval": 2, "quantileFraction": 0.5, "resampleProbability": 0.1})
+    found = tune.mutations(spec)
+    assert found["config.hidden"] == [[16], [32]] and found["config.dropout"] == [0.0, 0.1]
+    assert (found["learningRate"].lower, found["learningRate"].upper) == (1e-4, 1e-2)
+    scheduler = tune.scheduler(spec, epochs=6)
+    assert isinstance(scheduler, PopulationBasedTraining)
+    assert scheduler._perturbation_interval == 2 and scheduler._time_attr == "epoch"
+    assert (scheduler._quantile_fraction, scheduler._resample_probability) == (0.5, 0.1)
+    assert set(scheduler._hyperparam_mutations) == set(spec.search_space)
+
+
+def test_pbt_mutations_stay_inside_their_ranges() -> None:
+    """PBT scales a value by 0.8 or 1.2: `clip` brings it back into [low, high] ([low, high) for randint)."""
+    bounds = tune.ranges(tuning())
+    assert tune.clip(bounds, {"learningRate": 1.2e-2, "batchSizePerWorker": 76.8, "config.hidden": [16]}) == {
+        "learningRate": 1e-2,
+        "batchSizePerWorker": 63,
+        "config.hidden": [16],
+    }
+    assert tune.clip(bounds, {"learningRate": 0.8e-4, "batchSizePerWorker": 6.4}) == {
+        "learningRate": 1e-4,
+        "batchSizePerWorker": 8,
+    }
+    assert tune.clip(bounds, {"learningRate": 5e-3, "batchSizePerWorker": 20.4}) == {
+        "learningRate": 5e-3,
+        "batchSizePerWorker": 20,
+    }
+
+
+def test_a_trial_restarted_from_a_checkpoint_trains_in_a_new_run() -> None:
+    """Ray Train would resume a trial's earlier run by its name: a restart from a handed checkpoint
+    gets its own, the same for the same checkpoint."""
+    run = "default.job-b1c2d_00000"
+    assert tune.segment_name(run, None) == run
+    one = tune.segment_name(run, "/s/default.job-tune/b1c2d_00001/checkpoint_000002")
+    assert one.startswith(f"{run}-") and len(one) == len(run) + 9
+    assert one == tune.segment_name(run, "/s/default.job-tune/b1c2d_00001/checkpoint_000002")
+    assert one != tune.segment_name(run, "/s/default.job-tune/b1c2d_00001/checkpoint_000003")
+
+
+def test_pbt_hands_the_better_trials_checkpoint_to_the_worse_one(ray_session, tmp_path: Path, capsys) -> None:
+    """Two trials (a learning rate that learns, one that barely moves), perturbed every epoch: the
+    worse trial resumes from the better trial's checkpoint (its state verified and loaded: its next
+    loss is the better trial's, not its own), which Tune's results and the progress lines show."""
+    from rayship import cli
+
+    doc = yaml.safe_load((SAMPLES / "trainingjob-tuning.yaml").read_text())
+    doc["metadata"]["name"] = "pbt"
+    s = doc["spec"]
+    del s["checkpoint"]
+    s["trainer"].update(epochs=3, batchSizePerWorker=32)
+    s["data"]["samples"] = 512
+    s["workers"].update(replicas=1, gpusPerWorker=0)
+    s["tuning"] = {
+        "numSamples": 1,
+        "maxConcurrentTrials": 2,
+        "scheduler": "pbt",
+        "pbt": {"perturbationInterval": 1, "quantileFraction": 0.5, "resampleProbability": 0},
+        "searchSpace": {"learningRate": {"distribution": "grid", "values": [1e-5, 3e-2]}},
+    }
+    path, runs = tmp_path / "pbt.yaml", tmp_path / "runs"
+    path.write_text(yaml.safe_dump(doc))
+    assert cli.main(["run", "-f", str(path), "--runs-dir", str(runs)]) == 0
+    out = capsys.readouterr().out
+    results = runs / "pbt" / "checkpoints" / "default.pbt-tune"
+    reports = {
+        trial.name: [json.loads(line) for line in (trial / "result.json").read_text().splitlines()]
+        for trial in results.iterdir()
+        if trial.is_dir()
+    }
+    assert len(reports) == 2, out
+    exploits = [
+        (trial, report)
+        for trial, records in reports.items()
+        for report in records
+        if report.get("handed_from") and f"-{trial}" not in report["handed_from"].split("/")[0]
+    ]
+    assert exploits, out
+    trial, report = exploits[0]
+    (donor,) = set(reports) - {trial}
+    donor_run, donor_checkpoint = report["handed_from"].split("/")
+    assert donor_run.startswith(f"default.pbt-{donor}")
+    donor_epoch = int(donor_checkpoint.removeprefix("epoch-"))
+    assert report["resumed_from_epoch"] == donor_epoch and report["epoch"] == donor_epoch + 1
+    donor_loss = next(r["loss"] for r in reports[donor] if r["epoch"] == donor_epoch)
+    own_loss = next(r["loss"] for r in reports[trial] if r["epoch"] == 1)
+    assert report["loss"] < 0.5 * own_loss and report["loss"] < 2 * donor_loss, (report, own_loss, donor_loss)
+    # readable progress: a line per trial epoch and one per exploit, no Tune status table
+    assert f"trial {trial}  exploits {report['handed_from']} (PBT): now learningRate=" in out, out
+    assert f"trial {donor}  epoch 1/3  loss " in out and "Trial status" not in out
+    result = json.loads((runs / "pbt" / "result.json").read_text())
+    assert result["tuning"]["trials"] == 2 and result["model"]
