@@ -318,7 +318,13 @@ def test_rayship_run_of_a_tuning_spec_runs_the_trials_and_reports_the_best(
     assert 1e-4 <= best["learningRate"] < 3e-2 and best["config.hidden"] in ([16], [32, 32])
     assert tuning["bestMetric"] > 0 and result["metrics"]["loss"] == tuning["bestMetric"]
     assert set(result["metrics"]) == {"epoch", "step", "loss", "resumed_from_epoch"}  # the loop's, not Tune's
-    trial_lines = [line for line in out.splitlines() if line.startswith("trial ") and "learningRate=" in line]
+    epoch_lines = [line for line in out.splitlines() if line.startswith("trial ") and "  epoch " in line]
+    assert len(epoch_lines) >= 4 and "Trial status" not in out, out  # a line per trial epoch, no tables
+    trial_lines = [
+        line
+        for line in out.splitlines()
+        if line.startswith("trial ") and "learningRate=" in line and line not in epoch_lines
+    ]
     assert len(trial_lines) == 4 and any(tuning["bestTrial"] in line for line in trial_lines), out
     # every grid value, numSamples times
     assert sum("config.hidden=[16] " in line + " " for line in trial_lines) == 2, trial_lines
@@ -376,8 +382,9 @@ def test_causal_lm_on_the_hugging_face_trainer_with_deepspeed_resumes_and_export
         "trainer.batchSizePerWorker": 16,
         "trainer.learningRate": 0.003,
         "trainer.config": {"max_length": 32, "engine": "hf-trainer"},
-        "data.samples": 192,
+        "data.samples": 96,
         "data.validation": {"fraction": 0.25},
+        "workers.replicas": 1,
     }
     outcome, metrics = fit(spec(tmp_path, **changes), tmp_path)
     history = json.loads(metrics.read_text())

@@ -9,9 +9,11 @@ export (`state_dict` -> `recipes.export_causal_lm`). The Hugging Face checkpoint
 `checkpoint/` (as `RayTrainReportCallback` lays it out); with strategy deepspeed the job's DeepSpeed
 settings (`strategies.deepspeed_config`) are the Trainer's `deepspeed=` config.
 
-Epochs are counted here: the Ray Data shard is an iterable, so the Trainer runs with a step cap it
-never reaches (`max_steps`), no data skipping on resume, a constant learning rate (as the built-in
-loop's AdamW), and `on_epoch_end` stops it after `trainer.epochs`.
+Epochs are counted here: the Ray Data shard is an iterable without a length, so the Trainer needs
+`max_steps` (it then treats one epoch as up to `max_steps` steps and moves on when the shard runs
+out): this worker's batches per epoch (counted in one pass over the shard) times `trainer.epochs`;
+no data skipping on resume, a constant learning rate (as the built-in loop's AdamW), and
+`on_epoch_end` stops it after `trainer.epochs`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from rayship_workloads import data, recipes, strategies
 
 ENGINE = "hf-trainer"
 HF_CHECKPOINT = RayTrainReportCallback.CHECKPOINT_NAME  # the Hugging Face checkpoint in ours
-NO_STEP_CAP = 1_000_000_000  # an iterable dataset needs max_steps; the epochs end training
 
 
 class TrainerCheckpoints:
@@ -123,6 +124,7 @@ def loop(config: dict[str, Any]) -> None:
 
     # [1] prepare data: this worker's shards, as Ray Data iterables of tokenized batches
     shard = ray.train.get_dataset_shard("train")
+    batches_per_epoch = sum(1 for _ in shard.iter_batches(batch_size=batch_size, batch_format="numpy"))
     train_batches = shard.iter_torch_batches(batch_size=batch_size, collate_fn=collate)
     validation = recipes.validation_shard(spec)
     eval_batches = (
@@ -153,7 +155,7 @@ def loop(config: dict[str, Any]) -> None:
         learning_rate=trainer_spec.learning_rate,
         lr_scheduler_type="constant",
         weight_decay=0.0,
-        max_steps=NO_STEP_CAP,
+        max_steps=max(batches_per_epoch, 1) * trainer_spec.epochs,
         ignore_data_skip=True,  # epochs are counted by the callback, not by skipping batches
         logging_strategy="epoch",
         eval_strategy="epoch" if eval_batches is not None else "no",
