@@ -73,6 +73,28 @@ def test_a_trial_restarted_from_a_checkpoint_trains_in_a_new_run() -> None:
     assert one != tune.segment_name(run, "/s/default.job-tune/b1c2d_00001/checkpoint_000003")
 
 
+def test_trial_progress_is_a_line_per_report_and_per_hand_off() -> None:
+    from types import SimpleNamespace
+
+    lines: list[str] = []
+    callback = tune.TrialLines(metric="evalLoss", epochs=4, say=lines.append)
+    trial = SimpleNamespace(trial_id="b1c2d_00000", config={"learningRate": 0.001234567})
+    callback.on_trial_result(1, [], trial, {"epoch": 1, "loss": 0.5, "evalLoss": 0.25, "step": 8})
+    handed = {"epoch": 3, "loss": 0.2, "handed_from": "default.job-b1c2d_00001/epoch-00002"}
+    callback.on_trial_result(2, [], trial, handed)
+    callback.on_trial_result(3, [], trial, {**handed, "epoch": 4})  # the same hand-off: said once
+    own = {"epoch": 2, "loss": 0.4, "handed_from": "default.job-b1c2d_00000/epoch-00001"}
+    callback.on_trial_result(4, [], trial, own)
+    assert lines == [
+        "trial b1c2d_00000  epoch 1/4  loss 0.50000  evalLoss 0.25000  learningRate=0.001235",
+        "trial b1c2d_00000  exploits default.job-b1c2d_00001/epoch-00002 (PBT): now learningRate=0.001235",
+        "trial b1c2d_00000  epoch 3/4  loss 0.20000  learningRate=0.001235",
+        "trial b1c2d_00000  epoch 4/4  loss 0.20000  learningRate=0.001235",
+        "trial b1c2d_00000  resumed from its checkpoint default.job-b1c2d_00000/epoch-00001",
+        "trial b1c2d_00000  epoch 2/4  loss 0.40000  learningRate=0.001235",
+    ]
+
+
 def test_pbt_hands_the_better_trials_checkpoint_to_the_worse_one(ray_session, tmp_path: Path, capsys) -> None:
     """Two trials (a learning rate that learns, one that barely moves), perturbed every epoch: the
     worse trial resumes from the better trial's checkpoint (its state verified and loaded: its next

@@ -40,7 +40,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from rayship import api
-from rayship_workloads import data, integrity, strategies
+from rayship_workloads import data, integrity, storage, strategies
 from rayship_workloads.strategies import Strategy
 
 TrainLoop = Callable[[dict[str, Any]], None]
@@ -161,8 +161,6 @@ def resume(strategy: Checkpointer, run: Run) -> Start:
             return Start(*_load(strategy, Path(directory)))
     if run.handoff is None:
         return Start()
-    from rayship_workloads import storage
-
     path = run.handoff["path"]
     fs, fs_path = storage.filesystem(path)
     with ray.train.Checkpoint(fs_path, filesystem=fs).as_directory() as directory:
