@@ -591,6 +591,11 @@ class PbtSpec(ApiModel):
         description="Chance that a mutation draws a new value from the search space instead of "
         "perturbing the copied one (x0.8 or x1.2, or a neighbouring choice/grid value).",
     )
+    synchronous: bool = Field(
+        False,
+        description="Every trial waits for the others at each perturbation (Tune's synchronous PBT): "
+        "reproducible hand-offs, but every trial restarts from a checkpoint each time.",
+    )
 
 
 class TuningSpec(ApiModel):
@@ -663,7 +668,21 @@ class TuningSpec(ApiModel):
             bad = [v for v in (dim.values or []) if not ok(v)] if dim else []
             if bad:
                 raise ValueError(f"searchSpace.{key}.values must each be {what} (got {bad[:3]!r})")
+        if self.scheduler == "pbt" and self.max_concurrent_trials < self.trials():
+            raise ValueError(
+                f"maxConcurrentTrials: with scheduler pbt the whole population of {self.trials()} trials "
+                "(numSamples x grid values) runs at once (PBT compares them and hands checkpoints between "
+                f"them); set maxConcurrentTrials to {self.trials()} or more"
+            )
         return self
+
+    def trials(self) -> int:
+        """How many trials the search runs: numSamples times the grid's combinations."""
+        grid = 1
+        for dim in self.search_space.values():
+            if dim.distribution == "grid":
+                grid *= len(dim.values or [])
+        return self.num_samples * grid
 
 
 class RuntimeEnvSpec(ApiModel):

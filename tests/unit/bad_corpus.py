@@ -296,7 +296,12 @@ SPEC_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
         "pbt-mutating-epochs",
         _set(
             "spec.tuning",
-            {"scheduler": "pbt", "searchSpace": {"epochs": {"distribution": "grid", "values": [1, 2]}}},
+            {
+                "scheduler": "pbt",
+                "numSamples": 1,
+                "maxConcurrentTrials": 2,
+                "searchSpace": {"epochs": {"distribution": "grid", "values": [1, 2]}},
+            },
         ),
         "spec.tuning",
     ),
@@ -320,6 +325,7 @@ SPEC_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
                 "spec.tuning",
                 {
                     "scheduler": "pbt",
+                    "numSamples": 1,
                     "pbt": {"perturbationInterval": 3},
                     "searchSpace": {
                         "learningRate": {"distribution": "loguniform", "low": 0.001, "high": 0.1}
@@ -337,6 +343,7 @@ SPEC_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
                 "spec.tuning",
                 {
                     "scheduler": "pbt",
+                    "numSamples": 1,
                     "searchSpace": {
                         "learningRate": {"distribution": "loguniform", "low": 0.001, "high": 0.1}
                     },
@@ -365,6 +372,19 @@ RAYSHIP_ONLY_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
         "engine-for-mlp",
         _set("spec.trainer.config", {"engine": "hf-trainer"}),
         "config.engine: 'hf-trainer' is not an engine of recipe mlp",
+    ),
+    (
+        "pbt-population-not-at-once",
+        _set(
+            "spec.tuning",
+            {
+                "scheduler": "pbt",
+                "numSamples": 2,
+                "maxConcurrentTrials": 3,
+                "searchSpace": {"config.h": {"distribution": "grid", "values": [1, 2]}},
+            },
+        ),
+        "maxConcurrentTrials: with scheduler pbt the whole population of 4 trials",
     ),
     (
         "tune-grid-without-values",

@@ -21,6 +21,8 @@ def tuning(**fields: object) -> api.TuningSpec:
     return api.TuningSpec.model_validate(
         {
             "scheduler": "pbt",
+            "numSamples": 2,
+            "maxConcurrentTrials": 4,  # the population: 2 samples x 2 grid values
             "searchSpace": {
                 "learningRate": {"distribution": "loguniform", "low": 1e-4, "high": 1e-2},
                 "batchSizePerWorker": {"distribution": "randint", "low": 8, "high": 64},
@@ -33,14 +35,25 @@ def tuning(**fields: object) -> api.TuningSpec:
 
 
 def test_pbt_mutations_come_from_the_search_space_and_its_knobs_reach_tune() -> None:
-    spec = tuning(pbt={"perturbationInterval": 2, "quantileFraction": 0.5, "resampleProbability": 0.1})
+    spec = tuning(
+        pbt={
+            "perturbationInterval": 2,
+            "quantileFraction": 0.5,
+            "resampleProbability": 0.1,
+            "synchronous": True,
+        },
+    )
     found = tune.mutations(spec)
     assert found["config.hidden"] == [[16], [32]] and found["config.dropout"] == [0.0, 0.1]
     assert (found["learningRate"].lower, found["learningRate"].upper) == (1e-4, 1e-2)
     scheduler = tune.scheduler(spec, epochs=6)
     assert isinstance(scheduler, PopulationBasedTraining)
     assert scheduler._perturbation_interval == 2 and scheduler._time_attr == "epoch"
-    assert (scheduler._quantile_fraction, scheduler._resample_probability) == (0.5, 0.1)
+    assert (scheduler._quantile_fraction, scheduler._resample_probability, scheduler._synch) == (
+        0.5,
+        0.1,
+        True,
+    )
     assert set(scheduler._hyperparam_mutations) == set(spec.search_space)
 
 
@@ -111,11 +124,16 @@ def test_pbt_hands_the_better_trials_checkpoint_to_the_worse_one(ray_session, tm
     s["workers"].update(replicas=1, gpusPerWorker=0)
     s["tuning"] = {
         "numSamples": 1,
-        # one at a time: PBT pauses each trial at every epoch for the other, so they meet at the same
-        # epochs (run together, the first trial to start can finish before the other's second epoch)
-        "maxConcurrentTrials": 1,
+        "maxConcurrentTrials": 2,  # the whole population
         "scheduler": "pbt",
-        "pbt": {"perturbationInterval": 1, "quantileFraction": 0.5, "resampleProbability": 0},
+        # synchronous: the trials meet at every epoch (asynchronous, the first to start can finish
+        # before the other's second epoch, leaving nothing to hand over)
+        "pbt": {
+            "perturbationInterval": 1,
+            "quantileFraction": 0.5,
+            "resampleProbability": 0,
+            "synchronous": True,
+        },
         "searchSpace": {"learningRate": {"distribution": "grid", "values": [1e-5, 3e-2]}},
     }
     path, runs = tmp_path / "pbt.yaml", tmp_path / "runs"

@@ -150,6 +150,7 @@ def scheduler(tuning: api.TuningSpec, epochs: int) -> TrialScheduler:
             quantile_fraction=pbt.quantile_fraction,
             resample_probability=pbt.resample_probability,
             custom_explore_fn=functools.partial(clip, ranges(tuning)),
+            synch=pbt.synchronous,
         )
     if tuning.scheduler == "asha":
         knobs = tuning.asha or api.AshaSpec()
