@@ -270,6 +270,10 @@ LOOP_HYPERPARAMETERS = {
 }
 
 
+# trainer.config.engine of the causal-lm recipe: its own loop, or the Hugging Face Trainer.
+CAUSAL_LM_ENGINES = ("loop", "hf-trainer")
+
+
 class TrainerSpec(ApiModel):
     """What to train and how: a built-in recipe or your own train loop, and the parallel strategy."""
 
@@ -308,6 +312,13 @@ class TrainerSpec(ApiModel):
     def _config_leaves_hyperparameters_to_their_fields(self) -> TrainerSpec:
         """The loop config's `lr`/`learningRate`/`batch_size`/`epochs` come from the trainer fields
         (so a search over learningRate reaches the loop): trainer.config may not set them too."""
+        engine = self.config.get("engine")
+        if engine is not None and (self.recipe != "causal-lm" or engine not in CAUSAL_LM_ENGINES):
+            raise ValueError(
+                f"config.engine: {engine!r} is not an engine of "
+                f"{'recipe ' + self.recipe if self.recipe else 'an own loop'}; causal-lm runs on "
+                f"{' or '.join(CAUSAL_LM_ENGINES)} (or remove config.engine)"
+            )
         taken = [k for k in LOOP_HYPERPARAMETERS if k in self.config]
         if taken:
             field = LOOP_HYPERPARAMETERS[taken[0]]
@@ -555,6 +566,38 @@ class AshaSpec(ApiModel):
     )
 
 
+class PbtSpec(ApiModel):
+    """Population Based Training's knobs (scheduler: pbt), in epochs."""
+
+    perturbation_interval: int = Field(
+        1,
+        ge=1,
+        le=100_000,
+        description="Epochs between perturbations: a trial in the bottom quantile then resumes from a "
+        "top trial's checkpoint with mutated hyperparameters (a multiple of checkpoint.everyEpochs).",
+    )
+    quantile_fraction: float = Field(
+        0.25,
+        ge=0,
+        le=0.5,
+        allow_inf_nan=False,
+        description="Share of the trials in the top (and the bottom) quantile.",
+    )
+    resample_probability: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="Chance that a mutation draws a new value from the search space instead of "
+        "perturbing the copied one (x0.8 or x1.2, or a neighbouring choice/grid value).",
+    )
+    synchronous: bool = Field(
+        False,
+        description="Every trial waits for the others at each perturbation (Tune's synchronous PBT): "
+        "reproducible hand-offs, but every trial restarts from a checkpoint each time.",
+    )
+
+
 class TuningSpec(ApiModel):
     """Hyperparameter search with Ray Tune: each trial is a full Ray Train run."""
 
@@ -583,14 +626,27 @@ class TuningSpec(ApiModel):
             "!has(self.asha) || !has(self.asha.maxT) || self.asha.gracePeriod <= self.asha.maxT",
             "tuning.asha.gracePeriod must not exceed maxT",
         ),
+        CelRule(
+            "!has(self.pbt) || self.scheduler == 'pbt'",
+            "tuning.pbt settings need scheduler: pbt (or remove tuning.pbt)",
+        ),
+        CelRule(
+            "self.scheduler != 'pbt' || !('epochs' in self.searchSpace)",
+            "tuning.searchSpace.epochs: with scheduler pbt every trial trains trainer.epochs (a mutation "
+            "cannot change a run's length); remove it from the searchSpace",
+        ),
     )
     num_samples: int = Field(4, ge=1, le=1000, description="Number of trials.")
     metric: str = Field("loss", min_length=1, description="Reported metric to optimize.")
     mode: Literal["min", "max"] = Field("min", description="Minimize or maximize the metric.")
-    scheduler: Literal["fifo", "asha"] = Field(
-        "asha", description="asha stops poor trials early (by epoch); fifo runs every trial to the end."
+    scheduler: Literal["fifo", "asha", "pbt"] = Field(
+        "asha",
+        description="asha stops poor trials early (by epoch); fifo runs every trial to the end; pbt "
+        "(Population Based Training) lets poor trials resume from good trials' checkpoints with "
+        "hyperparameters mutated within the searchSpace.",
     )
     asha: AshaSpec | None = Field(None, description="ASHA's knobs (scheduler: asha).")
+    pbt: PbtSpec | None = Field(None, description="Population Based Training's knobs (scheduler: pbt).")
     max_concurrent_trials: int = Field(
         1, ge=1, le=256, description="Trials running at once (each takes the worker group)."
     )
@@ -612,7 +668,21 @@ class TuningSpec(ApiModel):
             bad = [v for v in (dim.values or []) if not ok(v)] if dim else []
             if bad:
                 raise ValueError(f"searchSpace.{key}.values must each be {what} (got {bad[:3]!r})")
+        if self.scheduler == "pbt" and self.max_concurrent_trials < self.trials():
+            raise ValueError(
+                f"maxConcurrentTrials: with scheduler pbt the whole population of {self.trials()} trials "
+                "(numSamples x grid values) runs at once (PBT compares them and hands checkpoints between "
+                f"them); set maxConcurrentTrials to {self.trials()} or more"
+            )
         return self
+
+    def trials(self) -> int:
+        """How many trials the search runs: numSamples times the grid's combinations."""
+        grid = 1
+        for dim in self.search_space.values():
+            if dim.distribution == "grid":
+                grid *= len(dim.values or [])
+        return self.num_samples * grid
 
 
 class RuntimeEnvSpec(ApiModel):
@@ -684,6 +754,17 @@ class TrainingJobSpec(ApiModel):
         CelRule(
             "!has(self.env) || self.env.all(e, !e.name.startsWith('RAYSHIP_') && e.name != 'NVIDIA_VISIBLE_DEVICES')",
             "env names starting with RAYSHIP_ and NVIDIA_VISIBLE_DEVICES are set by rayship; rename the variable",
+        ),
+        CelRule(
+            "!has(self.tuning) || self.tuning.scheduler != 'pbt' || "
+            "(has(self.tuning.pbt) ? self.tuning.pbt.perturbationInterval : 1) % self.checkpoint.everyEpochs == 0",
+            "tuning.pbt.perturbationInterval must be a multiple of checkpoint.everyEpochs (a trial hands on "
+            "the checkpoint of the epoch it is compared at)",
+        ),
+        CelRule(
+            "!has(self.tuning) || self.tuning.scheduler != 'pbt' || has(self.trainer.recipe)",
+            "tuning.scheduler: pbt needs a built-in trainer.recipe (rayship hands a recipe's signed "
+            "checkpoints between trials; an own loop's checkpoints it cannot verify): use asha or fifo",
         ),
         CelRule(
             "has(self.checkpoint.storage)",

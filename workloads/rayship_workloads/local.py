@@ -172,6 +172,7 @@ class LocalReporter:
     run trains), then loss.png, result.json and a summary under the run directory `out`."""
 
     quiet = True
+    prefix = ""
 
     def __init__(self, out: Path) -> None:
         self.out = out
