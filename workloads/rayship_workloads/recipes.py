@@ -437,13 +437,8 @@ class Tokens:
 
 
 def causal_lm_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None) -> None:
-    """Next-token prediction on a `text` column (`config.engine: hf-trainer`: with the Hugging Face
-    Trainer, `hf_trainer.loop`)."""
-    if config.get("engine") == "hf-trainer":
-        from rayship_workloads import hf_trainer
-
-        hf_trainer.loop(config)
-        return
+    """Next-token prediction on a `text` column (`config.engine: hf-trainer` runs `hf_trainer.loop`
+    instead: `train.loop_for` picks it)."""
     rayship = config["rayship"]
     spec = loop_spec(config)
     batch_size = spec.trainer.batch_size_per_worker

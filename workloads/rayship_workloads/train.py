@@ -118,6 +118,16 @@ def prepare(tj: api.TrainingJob, *, storage_root: str, name: str | None = None) 
     )
 
 
+def loop_for(trainer: api.TrainerSpec) -> recipes.TrainLoop:
+    """The train loop: the recipe's or the user's (`recipes.train_loop`), or the Hugging Face Trainer's
+    for `config.engine: hf-trainer` (imported only then: it brings transformers' Trainer)."""
+    if trainer.recipe == "causal-lm" and trainer.config.get("engine") == "hf-trainer":
+        from rayship_workloads import hf_trainer
+
+        return hf_trainer.loop
+    return recipes.train_loop(trainer)
+
+
 def build_trainer(
     tj: api.TrainingJob,
     *,
@@ -141,7 +151,7 @@ def build_trainer(
     resources: dict[str, float] = {"CPU": 1, "GPU": gpus} if gpus else {"CPU": 1}  # spare CPUs feed Ray Data
     failures = spec.failure_policy.max_worker_failures if max_failures is None else max_failures
     trainer = TorchTrainer(
-        recipes.train_loop(spec.trainer),
+        loop_for(spec.trainer),
         train_loop_config=prepared.loop_config(tj, handoff),
         scaling_config=ScalingConfig(
             num_workers=workers.replicas, use_gpu=gpus > 0, resources_per_worker=resources
