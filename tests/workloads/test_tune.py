@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -58,6 +59,24 @@ def test_pbt_mutations_come_from_the_search_space_and_its_knobs_reach_tune() -> 
     assert set(scheduler._hyperparam_mutations) == set(spec.search_space)
 
 
+def test_pbt_leaves_the_last_epoch_alone() -> None:
+    """An exploit at the last epoch would restart the trial only to finish at once (and Tune would
+    replace its result log with the donor's): the last epoch's result passes PBT by; earlier ones
+    reach it (it records the trial's score)."""
+    from ray.tune.experiment import Trial
+    from ray.tune.schedulers.pbt import _PBTTrialState
+
+    scheduler = tune.scheduler(tuning(pbt={"perturbationInterval": 1}), epochs=3)
+    scheduler.set_search_properties("loss", "min")
+    trial = Trial("trial", config={"learningRate": 0.01}, stub=True)
+    scheduler._trial_state[trial] = state = _PBTTrialState(trial)
+    controller = SimpleNamespace(get_trials=lambda: [trial], get_live_trials=lambda: [trial])
+    assert scheduler.on_trial_result(controller, trial, {"epoch": 3, "loss": 0.5}) == "CONTINUE"
+    assert state.last_score is None and state.last_perturbation_time == 0
+    scheduler.on_trial_result(controller, trial, {"epoch": 2, "loss": 0.7})
+    assert state.last_score == -0.7 and state.last_perturbation_time == 2
+
+
 def test_pbt_mutations_stay_inside_their_ranges() -> None:
     """PBT scales a value by 0.8 or 1.2: `clip` brings it back into [low, high] ([low, high) for randint)."""
     bounds = tune.ranges(tuning())
@@ -88,7 +107,6 @@ def test_a_trial_restarted_from_a_checkpoint_trains_in_a_new_run() -> None:
 
 
 def test_trial_progress_is_a_line_per_report_and_per_hand_off() -> None:
-    from types import SimpleNamespace
 
     lines: list[str] = []
     callback = tune.TrialLines(metric="evalLoss", epochs=4, say=lines.append)

@@ -138,12 +138,29 @@ def apply(tj: api.TrainingJob, params: dict[str, Any]) -> api.TrainingJob:
     return parse_trainingjob(wire, local=True)
 
 
+class _PbtBeforeLastEpoch(PopulationBasedTraining):
+    """PBT that leaves a trial's last epoch alone: an exploit there restarts the trial from the
+    donor's final checkpoint only to finish at once (no epoch left to train), which costs a restart
+    and makes Tune replace the trial's own result log with the donor's."""
+
+    def __init__(self, *, last_epoch: int, **knobs: Any) -> None:
+        super().__init__(**knobs)
+        self.last_epoch = last_epoch
+
+    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
+        epoch = _number(result.get("epoch"))
+        if epoch is not None and epoch >= self.last_epoch:
+            return TrialScheduler.CONTINUE
+        return super().on_trial_result(tune_controller, trial, result)
+
+
 def scheduler(tuning: api.TuningSpec, epochs: int) -> TrialScheduler:
     """asha (its knobs from `tuning.asha`, in epochs; maxT defaults to trainer.epochs), pbt (its
-    knobs from `tuning.pbt`, mutations from the search space) or fifo."""
+    knobs from `tuning.pbt`, mutations from the search space, never at the last epoch) or fifo."""
     if tuning.scheduler == "pbt":
         pbt = tuning.pbt or api.PbtSpec()
-        return PopulationBasedTraining(
+        return _PbtBeforeLastEpoch(
+            last_epoch=epochs,
             time_attr="epoch",
             perturbation_interval=pbt.perturbation_interval,
             hyperparam_mutations=mutations(tuning),
