@@ -54,7 +54,7 @@ operator: setup ## run the operator against the current kube context
 ##@ Test
 .PHONY: test test-unit test-operator test-workloads test-chart
 test: setup ## the whole suite (every tier; what CI runs)
-	$(PYTEST) -q
+	$(PYTEST) -q --durations=25
 
 test-unit: setup ## renderer, CRD, CLI, status: no cluster, no Ray
 	$(PYTEST) -q tests/unit
@@ -109,15 +109,16 @@ e2e-local: setup cluster-build ## end to end without Docker: the CPU samples tra
 
 ##@ Benchmarks
 .PHONY: bench
-bench: setup cluster-build ## every benchmark in bench/, each printing its table and RESULT lines (Ray ones under flock /tmp/rayship-ray.lock; operator_scale on the local control plane)
-	@set -e; for script in bench/*.py; do \
+bench: setup cluster-build ## every benchmark in bench/, each printing its table and RESULT lines (Ray ones, and those that run rayship on local Ray, under flock /tmp/rayship-ray.lock; operator_scale on the local control plane)
+	@failed=""; for script in bench/*.py; do \
 		echo "=== $$script"; \
-		if grep -qE '^(import|from) ray([. ]|$$)' $$script; then \
-			flock /tmp/rayship-ray.lock $(BIN)/python $$script; \
+		if grep -qE '^(import|from) ray([. ]|$$)|^    flock /tmp/rayship-ray.lock ' $$script; then \
+			flock /tmp/rayship-ray.lock $(BIN)/python $$script || failed="$$failed $$script"; \
 		else \
-			$(BIN)/python $$script; \
+			$(BIN)/python $$script || failed="$$failed $$script"; \
 		fi; \
-	done
+	done; \
+	if [ -n "$$failed" ]; then echo "benchmarks that failed:$$failed"; exit 1; fi
 
 ##@ Generated files
 .PHONY: generate verify lint

@@ -249,7 +249,15 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=8, help="client threads creating objects")
     parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for one phase")
+    parser.add_argument(
+        "--operator-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the operator on top of the chart's (to compare settings)",
+    )
     args = parser.parse_args()
+    operator_env = dict(item.split("=", 1) for item in args.operator_env)
 
     running = controlplane.up(operator=None)
     was_running = controlplane.status().get("operator") is not None if not running.started else False
@@ -273,7 +281,7 @@ def main() -> None:
             f"raw RayJobs: {n} created in {raw_s:.2f} s ({n / raw_s:.0f}/s); namespace deleted in {gone:.0f} s"
         )
 
-        handle = controlplane.start_operator()
+        handle = controlplane.start_operator(operator_env)
         print(f"rayship operator pid {handle.pid}: {rss_kb(handle.pid)['VmRSS'] / 1024:.0f} MB at start")
 
         # --- burst: create -> RayJob ----------------------------------------------------------------
@@ -371,7 +379,7 @@ def main() -> None:
         # The same N objects held by an operator that did not live through the burst of events:
         # restarted, it lists them all, reconciles each once (nothing to create), then idles.
         controlplane.stop_operator(handle)
-        handle = controlplane.start_operator()
+        handle = controlplane.start_operator(operator_env)
         offset, quiet, deadline = audit_offset(), time.monotonic(), time.monotonic() + args.timeout
         while time.monotonic() - quiet < 10 and time.monotonic() < deadline:  # until 10 s without a call
             time.sleep(1)

@@ -270,6 +270,10 @@ LOOP_HYPERPARAMETERS = {
 }
 
 
+# trainer.config.engine of the causal-lm recipe: its own loop, or the Hugging Face Trainer.
+CAUSAL_LM_ENGINES = ("loop", "hf-trainer")
+
+
 class TrainerSpec(ApiModel):
     """What to train and how: a built-in recipe or your own train loop, and the parallel strategy."""
 
@@ -308,6 +312,13 @@ class TrainerSpec(ApiModel):
     def _config_leaves_hyperparameters_to_their_fields(self) -> TrainerSpec:
         """The loop config's `lr`/`learningRate`/`batch_size`/`epochs` come from the trainer fields
         (so a search over learningRate reaches the loop): trainer.config may not set them too."""
+        engine = self.config.get("engine")
+        if engine is not None and (self.recipe != "causal-lm" or engine not in CAUSAL_LM_ENGINES):
+            raise ValueError(
+                f"config.engine: {engine!r} is not an engine of "
+                f"{'recipe ' + self.recipe if self.recipe else 'an own loop'}; causal-lm runs on "
+                f"{' or '.join(CAUSAL_LM_ENGINES)} (or remove config.engine)"
+            )
         taken = [k for k in LOOP_HYPERPARAMETERS if k in self.config]
         if taken:
             field = LOOP_HYPERPARAMETERS[taken[0]]
@@ -555,6 +566,38 @@ class AshaSpec(ApiModel):
     )
 
 
+class PbtSpec(ApiModel):
+    """Population Based Training's knobs (scheduler: pbt), in epochs."""
+
+    perturbation_interval: int = Field(
+        1,
+        ge=1,
+        le=100_000,
+        description="Epochs between perturbations: a trial in the bottom quantile then resumes from a "
+        "top trial's checkpoint with mutated hyperparameters (a multiple of checkpoint.everyEpochs).",
+    )
+    quantile_fraction: float = Field(
+        0.25,
+        ge=0,
+        le=0.5,
+        allow_inf_nan=False,
+        description="Share of the trials in the top (and the bottom) quantile.",
+    )
+    resample_probability: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="Chance that a mutation draws a new value from the search space instead of "
+        "perturbing the copied one (x0.8 or x1.2, or a neighbouring choice/grid value).",
+    )
+    synchronous: bool = Field(
+        False,
+        description="Every trial waits for the others at each perturbation (Tune's synchronous PBT): "
+        "reproducible hand-offs, but every trial restarts from a checkpoint each time.",
+    )
+
+
 class TuningSpec(ApiModel):
     """Hyperparameter search with Ray Tune: each trial is a full Ray Train run."""
 
@@ -583,14 +626,27 @@ class TuningSpec(ApiModel):
             "!has(self.asha) || !has(self.asha.maxT) || self.asha.gracePeriod <= self.asha.maxT",
             "tuning.asha.gracePeriod must not exceed maxT",
         ),
+        CelRule(
+            "!has(self.pbt) || self.scheduler == 'pbt'",
+            "tuning.pbt settings need scheduler: pbt (or remove tuning.pbt)",
+        ),
+        CelRule(
+            "self.scheduler != 'pbt' || !('epochs' in self.searchSpace)",
+            "tuning.searchSpace.epochs: with scheduler pbt every trial trains trainer.epochs (a mutation "
+            "cannot change a run's length); remove it from the searchSpace",
+        ),
     )
     num_samples: int = Field(4, ge=1, le=1000, description="Number of trials.")
     metric: str = Field("loss", min_length=1, description="Reported metric to optimize.")
     mode: Literal["min", "max"] = Field("min", description="Minimize or maximize the metric.")
-    scheduler: Literal["fifo", "asha"] = Field(
-        "asha", description="asha stops poor trials early (by epoch); fifo runs every trial to the end."
+    scheduler: Literal["fifo", "asha", "pbt"] = Field(
+        "asha",
+        description="asha stops poor trials early (by epoch); fifo runs every trial to the end; pbt "
+        "(Population Based Training) lets poor trials resume from good trials' checkpoints with "
+        "hyperparameters mutated within the searchSpace.",
     )
     asha: AshaSpec | None = Field(None, description="ASHA's knobs (scheduler: asha).")
+    pbt: PbtSpec | None = Field(None, description="Population Based Training's knobs (scheduler: pbt).")
     max_concurrent_trials: int = Field(
         1, ge=1, le=256, description="Trials running at once (each takes the worker group)."
     )
@@ -612,7 +668,21 @@ class TuningSpec(ApiModel):
             bad = [v for v in (dim.values or []) if not ok(v)] if dim else []
             if bad:
                 raise ValueError(f"searchSpace.{key}.values must each be {what} (got {bad[:3]!r})")
+        if self.scheduler == "pbt" and self.max_concurrent_trials < self.trials():
+            raise ValueError(
+                f"maxConcurrentTrials: with scheduler pbt the whole population of {self.trials()} trials "
+                "(numSamples x grid values) runs at once (PBT compares them and hands checkpoints between "
+                f"them); set maxConcurrentTrials to {self.trials()} or more"
+            )
         return self
+
+    def trials(self) -> int:
+        """How many trials the search runs: numSamples times the grid's combinations."""
+        grid = 1
+        for dim in self.search_space.values():
+            if dim.distribution == "grid":
+                grid *= len(dim.values or [])
+        return self.num_samples * grid
 
 
 class RuntimeEnvSpec(ApiModel):
@@ -684,6 +754,17 @@ class TrainingJobSpec(ApiModel):
         CelRule(
             "!has(self.env) || self.env.all(e, !e.name.startsWith('RAYSHIP_') && e.name != 'NVIDIA_VISIBLE_DEVICES')",
             "env names starting with RAYSHIP_ and NVIDIA_VISIBLE_DEVICES are set by rayship; rename the variable",
+        ),
+        CelRule(
+            "!has(self.tuning) || self.tuning.scheduler != 'pbt' || "
+            "(has(self.tuning.pbt) ? self.tuning.pbt.perturbationInterval : 1) % self.checkpoint.everyEpochs == 0",
+            "tuning.pbt.perturbationInterval must be a multiple of checkpoint.everyEpochs (a trial hands on "
+            "the checkpoint of the epoch it is compared at)",
+        ),
+        CelRule(
+            "!has(self.tuning) || self.tuning.scheduler != 'pbt' || has(self.trainer.recipe)",
+            "tuning.scheduler: pbt needs a built-in trainer.recipe (rayship hands a recipe's signed "
+            "checkpoints between trials; an own loop's checkpoints it cannot verify): use asha or fifo",
         ),
         CelRule(
             "has(self.checkpoint.storage)",
@@ -1026,6 +1107,50 @@ class ServeApplication(ApiModel):
         return args
 
 
+VLLM_SET_BY_FIELDS = {
+    "model": "model.uri / model.fromTrainingJob",
+    "tensor_parallel_size": "vllm.tensorParallelSize",
+    "max_model_len": "vllm.maxModelLen",
+    "gpu_memory_utilization": "vllm.gpuMemoryUtilization",
+    "dtype": "vllm.dtype",
+}
+
+
+class VllmSpec(ApiModel):
+    """The vLLM engine of `engine: vllm`: rendered into Ray Serve LLM's `LLMConfig` (its `engine_kwargs`
+    are vLLM's engine arguments)."""
+
+    model_id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$",
+        description="The model name clients send as `model` (default: the ModelService's name).",
+    )
+    max_model_len: int | None = Field(
+        None, ge=1, le=10_000_000, description="Longest sequence (prompt + output) in tokens."
+    )
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, allow_inf_nan=False, description="Share of each GPU's memory vLLM may use."
+    )
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] | None = Field(
+        None, description="Weights and activations type (vLLM's default: auto)."
+    )
+    tensor_parallel_size: int | None = Field(
+        None, ge=1, le=16, description="GPUs one replica spreads the model over (default: resources.gpus)."
+    )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More vLLM engine arguments (snake_case, as vLLM names them), passed through.",
+    )
+
+    @field_validator("engine_args")
+    @classmethod
+    def _not_set_twice(cls, args: dict[str, Any]) -> dict[str, Any]:
+        for key in args:
+            if key in VLLM_SET_BY_FIELDS:
+                raise ValueError(f"{key}: set by {VLLM_SET_BY_FIELDS[key]}; remove it from engineArgs")
+        return args
+
+
 class ModelStorage(ApiModel):
     """Where the model files live for the serving pods."""
 
@@ -1069,6 +1194,38 @@ class ModelServiceSpec(ApiModel):
             "!has(self.modelCacheSize) || (has(self.models) && !has(self.application))",
             "modelCacheSize: for the built-in model server with spec.models (an own application sizes "
             "its own serve.multiplexed cache); remove it or use spec.models",
+        ),
+        CelRule(
+            "!has(self.vllm) || self.engine == 'vllm'",
+            "vllm: settings of engine vllm; set engine: vllm or remove them",
+        ),
+        CelRule(
+            "self.engine != 'vllm' || !has(self.application)",
+            "engine vllm serves Ray Serve LLM's OpenAI application; remove application (or the engine)",
+        ),
+        CelRule(
+            "self.engine != 'vllm' || !has(self.models)",
+            "models: engine vllm serves one model per ModelService; set spec.model (one ModelService per "
+            "language model), or use engine: rayship for several",
+        ),
+        CelRule(
+            "self.engine != 'vllm' || has(self.image)",
+            "engine vllm needs an image with vLLM in spec.image, e.g. rayproject/ray-llm:2.60.0-py311-cu128",
+        ),
+        CelRule(
+            "self.engine != 'vllm' || !has(self.deployments) || size(self.deployments) == 0",
+            "deployments: engine vllm names its own deployments; size them with replicas, resources and vllm",
+        ),
+        CelRule(
+            "self.engine != 'vllm' || !has(self.resources) || !has(self.resources.gpus) || "
+            "self.resources.gpus >= 1",
+            "engine vllm runs on GPUs: set resources.gpus to at least 1",
+        ),
+        CelRule(
+            "self.engine != 'vllm' || !has(self.vllm) || !has(self.vllm.tensorParallelSize) || "
+            "self.vllm.tensorParallelSize <= (has(self.resources) && has(self.resources.gpus) ? "
+            "self.resources.gpus : 1)",
+            "vllm.tensorParallelSize must not exceed resources.gpus (the GPUs of one replica's pod)",
         ),
         CelRule(
             "has(self.application) || !has(self.deployments) || !has(self.deployments.RayshipModel) || "
@@ -1132,6 +1289,13 @@ class ModelServiceSpec(ApiModel):
         max_length=64,
         description="Per-deployment settings by deployment name (the built-in server's is RayshipModel).",
     )
+    engine: Literal["rayship", "vllm"] = Field(
+        "rayship",
+        description="rayship: the built-in model server (any rayship model, CPU or GPU). vllm: Ray Serve "
+        "LLM's OpenAI-compatible app on vLLM (ray.serve.llm:build_openai_app) for causal language models "
+        "on GPUs; needs an image with vLLM.",
+    )
+    vllm: VllmSpec | None = Field(None, description="vLLM engine settings (engine: vllm).")
 
 
 class ServedModelStatus(ApiModel):

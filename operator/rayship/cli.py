@@ -215,6 +215,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ms = _one(args.file, api.ModelService, local=True)
         assert isinstance(ms, api.ModelService)
         label = args.file
+        if ms.spec.engine == "vllm":
+            raise InputError(
+                f"{label}: spec.engine: vllm needs vLLM and GPUs, which rayship serve does not run locally; "
+                "set engine: rayship to serve the model here (its /v1 routes are OpenAI-compatible), or see "
+                "the cluster objects with rayship render -f"
+            )
         try:
             model = local.resolve_models(ms, runs_dir=Path(args.runs_dir))
         except FileNotFoundError as err:

@@ -40,6 +40,8 @@ from rayship.validation import SpecError, parse
 from rayship.yamlio import canonical_json
 
 IMPORT_PATH = "rayship_workloads.serve:app_builder"
+VLLM_IMPORT_PATH = "ray.serve.llm:build_openai_app"  # Ray Serve LLM's OpenAI-compatible application
+REMOTE_MODEL_SCHEMES = ("s3://", "gs://", "abfss://", "azure://")  # what Ray Serve LLM mirrors itself
 
 # --- resolve -----------------------------------------------------------------------------------
 
@@ -69,10 +71,12 @@ def resolve_source(
     served: str | None,
     served_volume: api.PvcStorage | None,
     storage: api.PvcStorage | None,
+    *,
+    engine: str = "rayship",
 ) -> Resolution:
     """One model: its `uri` (read from `storage`, if any), or its TrainingJob's export; `served` (and
     `served_volume`) is the URI Serve was last confirmed to serve for it, kept while the job cannot
-    give one."""
+    give one. `engine` vllm takes only language models."""
     if source.uri:
         return Resolution(source.uri, "ModelURI", f"serving {source.uri}", storage)
     ref = source.from_training_job
@@ -94,6 +98,14 @@ def resolve_source(
             message = f"TrainingJob {ref.name} is {phase}; still serving {served}"
             return Resolution(served, reason, message, served_volume)
         return Resolution(None, reason, f"waiting for TrainingJob {ref.name} to succeed (it is {phase})")
+    recipe = ((trainingjob.get("spec") or {}).get("trainer") or {}).get("recipe")
+    if engine == "vllm" and recipe == "mlp":
+        return Resolution(
+            None,
+            "NotALanguageModel",
+            f"engine vllm serves causal language models; TrainingJob {ref.name} trains recipe mlp "
+            "(serve it with engine: rayship)",
+        )
     key = "model" if ref.checkpoint == "latest" else "bestModel"
     uri = (tj_status.get("checkpoint") or {}).get(key)
     if not uri:
@@ -117,7 +129,12 @@ def resolve_model(
     assert ms.spec.model is not None
     storage = ms.spec.storage.pvc if ms.spec.storage else None
     return resolve_source(
-        ms.spec.model, trainingjob, current.get("modelURI"), _stored_volume(current), storage
+        ms.spec.model,
+        trainingjob,
+        current.get("modelURI"),
+        _stored_volume(current),
+        storage,
+        engine=ms.spec.engine,
     )
 
 
@@ -302,12 +319,56 @@ def _deployment(name: str, base: dict[str, Any], settings: api.DeploymentSetting
     return out
 
 
+def vllm_args(ms: api.ModelService, model_uri: str) -> dict[str, Any]:
+    """`build_openai_app`'s args (Ray's LLMServingArgs): one LLMConfig serving the model on vLLM, sized by
+    spec.replicas and spec.resources. A cloud URI is mirrored by Ray Serve LLM itself (`bucket_uri`); a
+    path is read where it is mounted."""
+    spec = ms.spec
+    vllm = spec.vllm or api.VllmSpec()
+    engine: dict[str, Any] = {
+        **vllm.engine_args,
+        "tensor_parallel_size": vllm.tensor_parallel_size or spec.resources.gpus,
+    }
+    named = {"max_model_len": vllm.max_model_len, "gpu_memory_utilization": vllm.gpu_memory_utilization}
+    engine.update({key: value for key, value in {**named, "dtype": vllm.dtype}.items() if value is not None})
+    source: str | dict[str, str] = (
+        {"bucket_uri": model_uri} if model_uri.startswith(REMOTE_MODEL_SCHEMES) else model_uri
+    )
+    replicas = spec.replicas
+    llm_config = {
+        "model_loading_config": {"model_id": vllm.model_id or ms.metadata.name, "model_source": source},
+        "engine_kwargs": engine,
+        "deployment_config": {
+            "autoscaling_config": _autoscaling(
+                replicas.min, replicas.max, replicas.target_ongoing_requests, replicas.initial
+            )
+        },
+    }
+    return {"llm_configs": [llm_config]}
+
+
+def deployed_model_uri(args: Mapping[str, Any]) -> str | None:
+    """The model URI in an application's deployed `args` (as `serve_config` wrote them), or None."""
+    uri = args.get(api.APPLICATION_MODEL_ARG)
+    if uri is None and isinstance(configs := args.get("llm_configs"), list) and configs:
+        first = configs[0] if isinstance(configs[0], Mapping) else {}
+        uri = (first.get("model_loading_config") or {}).get("model_source")
+        if isinstance(uri, Mapping):
+            uri = uri.get("bucket_uri")
+    return uri if isinstance(uri, str) else None
+
+
 def serve_config(ms: api.ModelService, model: Model) -> dict[str, Any]:
-    """serveConfigV2 (Ray's ServeDeploySchema) with one application: the built-in model server, or the
-    ModelService's own `application` (given the model's URI as args.modelUri; with spec.models, the
-    models as args.models, name -> URI)."""
+    """serveConfigV2 (Ray's ServeDeploySchema) with one application: the built-in model server, Ray Serve
+    LLM's OpenAI app (engine: vllm, one model), or the ModelService's own `application` (given the
+    model's URI as args.modelUri; with spec.models, the models as args.models, name -> URI)."""
     spec = ms.spec
     app: dict[str, Any] = {"name": ms.metadata.name, "route_prefix": spec.route_prefix}
+    if spec.engine == "vllm":
+        if not isinstance(model, str):  # the API refuses engine vllm with spec.models
+            raise ValueError("engine vllm serves one model (spec.model)")
+        app.update(import_path=VLLM_IMPORT_PATH, args=vllm_args(ms, model))
+        return {"applications": [app]}
     own = spec.application
     if own is None:
         replicas = spec.replicas
@@ -513,7 +574,7 @@ class ServeState:
     """Serve's own view of the application (from the dashboard's /api/serve/applications/)."""
 
     status: str = ""  # RUNNING, DEPLOYING, DEPLOY_FAILED, ...
-    model_uri: str | None = None  # `args.modelUri` of the config Serve deploys
+    model_uri: str | None = None  # the model in the args Serve deploys (`deployed_model_uri`)
     problem: str | None = None  # why it could not be read
     models: dict[str, str] | None = None  # `args.models` (name -> URI) of the config Serve deploys
 
@@ -565,10 +626,10 @@ def serve_state(app: str, code: int, body: str) -> ServeState:
     if not isinstance(found, dict):
         return ServeState(problem=f"Serve has no application {app}")
     args = (found.get("deployed_app_config") or {}).get("args") or {}
-    uri = args.get(api.APPLICATION_MODEL_ARG)
-    given = args.get(api.APPLICATION_MODELS_ARG)
+    uri = deployed_model_uri(args) if isinstance(args, Mapping) else None
+    given = args.get(api.APPLICATION_MODELS_ARG) if isinstance(args, Mapping) else None
     models = {str(k): v for k, v in given.items() if isinstance(v, str)} if isinstance(given, dict) else None
-    return ServeState(str(found.get("status") or ""), uri if isinstance(uri, str) else None, models=models)
+    return ServeState(str(found.get("status") or ""), uri, models=models)
 
 
 def heard(plan_: Plan, code: int, body: str) -> Plan:

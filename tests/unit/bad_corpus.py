@@ -280,6 +280,78 @@ SPEC_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
         ),
         "spec.tuning.asha.reductionFactor",
     ),
+    (
+        "pbt-knobs-with-asha",
+        _set(
+            "spec.tuning",
+            {
+                "scheduler": "asha",
+                "pbt": {"perturbationInterval": 2},
+                "searchSpace": {"learningRate": {"distribution": "loguniform", "low": 0.001, "high": 0.1}},
+            },
+        ),
+        "spec.tuning",
+    ),
+    (
+        "pbt-mutating-epochs",
+        _set(
+            "spec.tuning",
+            {
+                "scheduler": "pbt",
+                "numSamples": 1,
+                "maxConcurrentTrials": 2,
+                "searchSpace": {"epochs": {"distribution": "grid", "values": [1, 2]}},
+            },
+        ),
+        "spec.tuning",
+    ),
+    (
+        "pbt-quantile-over-half",
+        _set(
+            "spec.tuning",
+            {
+                "scheduler": "pbt",
+                "pbt": {"quantileFraction": 0.6},
+                "searchSpace": {"learningRate": {"distribution": "loguniform", "low": 0.001, "high": 0.1}},
+            },
+        ),
+        "spec.tuning.pbt.quantileFraction",
+    ),
+    (
+        "pbt-interval-between-checkpoints",
+        _all(
+            _set("spec.checkpoint.everyEpochs", 2),
+            _set(
+                "spec.tuning",
+                {
+                    "scheduler": "pbt",
+                    "numSamples": 1,
+                    "pbt": {"perturbationInterval": 3},
+                    "searchSpace": {
+                        "learningRate": {"distribution": "loguniform", "low": 0.001, "high": 0.1}
+                    },
+                },
+            ),
+        ),
+        "spec",
+    ),
+    (
+        "pbt-own-loop",
+        _all(
+            _set("spec.trainer", {"entrypoint": "my_loop:train"}),
+            _set(
+                "spec.tuning",
+                {
+                    "scheduler": "pbt",
+                    "numSamples": 1,
+                    "searchSpace": {
+                        "learningRate": {"distribution": "loguniform", "low": 0.001, "high": 0.1}
+                    },
+                },
+            ),
+        ),
+        "spec",
+    ),
 ]
 
 # Rejected by rayship (the CLI and the operator: phase Invalid) though no CRD rule can say it: the
@@ -290,6 +362,29 @@ RAYSHIP_ONLY_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
         "config-sets-lr",
         _set("spec.trainer.config", {"lr": 0.1}),
         "config.lr: set by rayship from trainer.learningRate",
+    ),
+    (
+        "engine-unknown",
+        _all(_set("spec.trainer.recipe", "causal-lm"), _set("spec.trainer.config", {"engine": "keras"})),
+        "config.engine: 'keras' is not an engine of recipe causal-lm; causal-lm runs on loop or hf-trainer",
+    ),
+    (
+        "engine-for-mlp",
+        _set("spec.trainer.config", {"engine": "hf-trainer"}),
+        "config.engine: 'hf-trainer' is not an engine of recipe mlp",
+    ),
+    (
+        "pbt-population-not-at-once",
+        _set(
+            "spec.tuning",
+            {
+                "scheduler": "pbt",
+                "numSamples": 2,
+                "maxConcurrentTrials": 3,
+                "searchSpace": {"config.h": {"distribution": "grid", "values": [1, 2]}},
+            },
+        ),
+        "maxConcurrentTrials: with scheduler pbt the whole population of 4 trials",
     ),
     (
         "tune-grid-without-values",

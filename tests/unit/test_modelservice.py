@@ -21,7 +21,7 @@ from tools.kuberay_rules import rayservice_violations
 
 GOLDEN = Path(__file__).parent / "golden"
 SAMPLE = SAMPLES / "modelservice-from-trainingjob.yaml"
-SPECS = [SAMPLE, Path(__file__).parent / "specs" / "modelservice-uri-cpu.yaml"]
+SPECS = [SAMPLE, *(Path(__file__).parent / "specs" / f"modelservice-{n}.yaml" for n in ("uri-cpu", "vllm"))]
 CONFIG = OperatorConfig(ray_token_key="unit-test-key")
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 URI = "/mnt/checkpoints/default.mlp-ddp/model"
@@ -96,6 +96,11 @@ def test_serve_config_is_valid_for_ray_and_the_app(spec: Path) -> None:
     config = serve_config(rendered(spec))
     ServeDeploySchema.model_validate(config)
     (app,) = config["applications"]
+    if app["import_path"] == modelservice.VLLM_IMPORT_PATH:  # Ray's own LLMConfig (no vLLM needed)
+        llm = pytest.importorskip("ray.llm._internal.serve.core.configs.llm_config")
+        (entry,) = app["args"]["llm_configs"]
+        assert llm.LLMConfig.model_validate(entry).model_loading_config.model_source == URI
+        return
     args = ServeArgs.model_validate(app["args"])
     assert args.model_uri == URI and args.route_prefix == app["route_prefix"]
     assert app["import_path"] == modelservice.IMPORT_PATH

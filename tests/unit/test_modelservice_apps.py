@@ -4,6 +4,7 @@ checked strictly against the KubeRay CRD, KubeRay's rules and Ray's ServeDeployS
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -141,3 +142,140 @@ def test_bad_input_is_one_line(
     assert cli.main(["render", "-f", str(path)]) != 0
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+# --- engine: vllm (Ray Serve LLM's OpenAI app; it cannot run here: no vLLM, no GPU) ---------------
+
+
+def vllm_doc(**spec: Any) -> dict[str, Any]:
+    doc = yaml.safe_load((Path(__file__).parent / "specs" / "modelservice-uri-cpu.yaml").read_text())
+    doc["spec"].update(
+        image="rayproject/ray-llm:2.60.0-py311-cu128",
+        engine="vllm",
+        resources={"gpus": 2, "cpus": 8, "memory": "48Gi"},
+        replicas={"min": 1, "max": 3, "initial": 2},
+        vllm={
+            "modelId": "team-a/chat",
+            "maxModelLen": 4096,
+            "tensorParallelSize": 2,
+            "engineArgs": {"enable_prefix_caching": True},
+        },
+    )
+    doc["spec"].update(spec)
+    return doc
+
+
+def ray_llm_config(args: dict[str, Any]) -> Any:
+    """Each `llm_configs[]` entry through Ray's own LLMConfig (its pydantic model imports without vLLM;
+    `ray.serve.llm` itself does not: `ImportError: Neither vLLM nor SGLang is installed`)."""
+    llm = pytest.importorskip(
+        "ray.llm._internal.serve.core.configs.llm_config", reason="the workload stack is not installed"
+    )
+    assert set(args) == {"llm_configs"}  # LLMServingArgs' required field; the rest keep Ray's defaults
+    (entry,) = args["llm_configs"]
+    return llm.LLMConfig.model_validate(entry)
+
+
+def test_vllm_renders_ray_serve_llms_openai_app(rayservice_validator: Any) -> None:
+    rayservice, config = render(vllm_doc(), rayservice_validator)
+    (app,) = config["applications"]
+    assert app["import_path"] == "ray.serve.llm:build_openai_app" and app["route_prefix"] == "/chat/v1"
+    assert "deployments" not in app  # Ray Serve LLM names and sizes its own deployments
+    llm = ray_llm_config(app["args"])
+    assert llm.model_loading_config.model_id == "team-a/chat"
+    assert llm.model_loading_config.model_source.bucket_uri == URI  # Ray mirrors the s3:// model itself
+    assert llm.engine_kwargs == {
+        "enable_prefix_caching": True,
+        "tensor_parallel_size": 2,
+        "max_model_len": 4096,
+    }
+    assert llm.deployment_config["autoscaling_config"] == {
+        "min_replicas": 1,
+        "max_replicas": 3,
+        "initial_replicas": 2,
+        "target_ongoing_requests": 5.0,
+    }
+    (group,) = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    (container,) = group["template"]["spec"]["containers"]
+    assert container["image"] == "rayproject/ray-llm:2.60.0-py311-cu128"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+
+
+def test_vllm_reads_a_mounted_model_by_path_and_defaults_to_the_services_name(
+    rayservice_validator: Any,
+) -> None:
+    doc = vllm_doc(vllm=None, resources={"gpus": 1})
+    del doc["spec"]["vllm"]
+    doc["spec"]["storage"] = {"pvc": {"claimName": "models", "mountPath": "/mnt/models"}}
+    rayservice = modelservice.desired_rayservice(parse(doc), CONFIG, "/mnt/models/chat/model")
+    assert rayservice_validator.errors(rayservice) == []
+    (app,) = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"]
+    llm = ray_llm_config(app["args"])
+    assert llm.model_loading_config.model_id == "llm-chat"
+    assert llm.model_loading_config.model_source == "/mnt/models/chat/model"
+    assert llm.engine_kwargs == {"tensor_parallel_size": 1}
+
+
+@pytest.mark.parametrize("uri", [URI, "/mnt/models/chat/model"])
+def test_the_rollout_reads_the_model_serve_deploys_for_vllm_too(uri: str) -> None:
+    args = modelservice.vllm_args(parse(vllm_doc()), uri)
+    body = json.dumps(
+        {"applications": {"llm-chat": {"status": "RUNNING", "deployed_app_config": {"args": args}}}}
+    )
+    assert modelservice.serve_state("llm-chat", 200, body) == modelservice.ServeState("RUNNING", uri)
+
+
+def test_vllm_waits_for_a_language_model() -> None:
+    doc = vllm_doc(model={"fromTrainingJob": {"name": "tabular"}})
+    job = {
+        "spec": {"trainer": {"recipe": "mlp"}},
+        "status": {"phase": "Succeeded", "checkpoint": {"model": URI}},
+    }
+    resolution = modelservice.resolve_model(parse(doc), job, {})
+    assert resolution.uri is None and resolution.reason == "NotALanguageModel", resolution
+    assert "trains recipe mlp" in resolution.message
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"image": None}, "engine vllm needs an image with vLLM in spec.image"),
+        ({"application": {"importPath": "p:app"}}, "remove application (or the engine)"),
+        ({"engine": "rayship"}, "vllm: settings of engine vllm; set engine: vllm or remove them"),
+        ({"resources": {"gpus": 0}}, "engine vllm runs on GPUs: set resources.gpus to at least 1"),
+        ({"resources": {"gpus": 1}}, "vllm.tensorParallelSize must not exceed resources.gpus"),
+        (
+            {"deployments": {"RayshipModel": {"maxOngoingRequests": 4}}},
+            "engine vllm names its own deployments",
+        ),
+        (
+            {"vllm": {"engineArgs": {"max_model_len": 8}}},
+            "max_model_len: set by vllm.maxModelLen; remove it from engineArgs",
+        ),
+        ({"vllm": {"gpuMemoryUtilization": 1.5}}, "spec.vllm.gpuMemoryUtilization"),
+        (
+            {"model": None, "models": {"a": {"uri": URI}, "b": {"uri": URI}}},
+            "models: engine vllm serves one model per ModelService",
+        ),
+    ],
+)
+def test_vllm_bad_input_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: dict[str, Any], message: str
+) -> None:
+    doc = vllm_doc(**spec)
+    doc["spec"] = {k: v for k, v in doc["spec"].items() if v is not None}
+    path = tmp_path / "ms.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert cli.main(["render", "-f", str(path)]) != 0
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_rayship_serve_says_vllm_is_for_the_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "ms.yaml"
+    path.write_text(yaml.safe_dump(vllm_doc()))
+    assert cli.main(["serve", "-f", str(path), "--runs-dir", str(tmp_path)]) != 0
+    err = capsys.readouterr().err
+    assert "spec.engine: vllm needs vLLM and GPUs" in err and err.count("\n") == 1, err

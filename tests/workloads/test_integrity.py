@@ -197,6 +197,80 @@ def test_a_model_of_a_signing_run_needs_its_digest(tmp_path: Path) -> None:
 # --- on local Ray ---------------------------------------------------------------------------------
 
 
+JOB = "team-a.tuned"
+
+
+def handed_copy(root: Path, signer: str, trial_dir: str = "b1c2d_00001") -> Path:
+    """A checkpoint `signer` wrote (`<root>/<signer>/epoch-00002`), as Tune copies it into the job's
+    results for PBT (`<root>/<JOB>-tune/<trial>/checkpoint_000001`)."""
+    integrity.ensure_key(str(root), signer)
+    written = root / signer / "epoch-00002"
+    written.mkdir(parents=True)
+    (written / "state.pt").write_bytes(os.urandom(64))
+    integrity.sign(written, integrity.load_key(str(root), signer), run=signer, name="epoch-00002")
+    copy = root / f"{JOB}-tune" / trial_dir / "checkpoint_000001"
+    shutil.copytree(written, copy)
+    return copy
+
+
+def test_a_trial_verifies_the_checkpoint_another_trial_of_its_job_hands_it(tmp_path: Path) -> None:
+    """PBT: trial b1c2d_00000 resumes from Tune's copy of trial b1c2d_00001's checkpoint, checked
+    with the key of the run that signed it (each trial keeps its own key)."""
+    donor = f"{JOB}-b1c2d_00001"
+    copy = handed_copy(tmp_path, donor)
+    results = str(tmp_path / f"{JOB}-tune")
+    signed = integrity.verify_handoff(
+        copy, str(copy), storage_root=str(tmp_path), job_run=JOB, results=results
+    )
+    assert signed == f"{donor}/epoch-00002"
+    # a restarted trial's segment run (after an earlier hand-off) is a trial of the job too
+    assert integrity.is_trial_run(f"{JOB}-b1c2d_00001-0f106fe5", JOB)
+
+
+@pytest.mark.parametrize(
+    ("signer", "message"),
+    [
+        # another TrainingJob's run (job names have no underscore, Tune's trial ids do)
+        ("team-a.tuned-other", "signed as team-a.tuned-other/epoch-00002, not by a trial of team-a.tuned"),
+        ("team-a.tuned-tune-b1c2d_00001", "not by a trial of team-a.tuned"),
+        ("team-b.tuned-b1c2d_00001", "not by a trial of team-a.tuned"),
+    ],
+)
+def test_a_handed_checkpoint_not_signed_by_a_trial_of_the_job_is_refused(
+    tmp_path: Path, signer: str, message: str
+) -> None:
+    copy = handed_copy(tmp_path, signer)
+    with pytest.raises(integrity.IntegrityError, match=message):
+        integrity.verify_handoff(
+            copy, str(copy), storage_root=str(tmp_path), job_run=JOB, results=str(tmp_path / f"{JOB}-tune")
+        )
+
+
+def test_a_handed_checkpoint_is_still_verified_file_by_file(tmp_path: Path) -> None:
+    """Signed by a trial of the job, but changed in Tune's copy, or forged with another key, or
+    outside the job's Tune results: refused."""
+    donor = f"{JOB}-b1c2d_00001"
+    copy = handed_copy(tmp_path, donor)
+    results = str(tmp_path / f"{JOB}-tune")
+    (copy / "state.pt").write_bytes(b"planted")
+    with pytest.raises(integrity.IntegrityError, match="state.pt does not match its sha256"):
+        integrity.verify_handoff(copy, str(copy), storage_root=str(tmp_path), job_run=JOB, results=results)
+
+    forged = tmp_path / f"{JOB}-tune" / "b1c2d_00002" / "checkpoint_000001"
+    shutil.copytree(handed_copy(tmp_path / "forger", donor), forged)  # signed with another key
+    with pytest.raises(integrity.IntegrityError, match="not signed with this run's key"):
+        integrity.verify_handoff(
+            forged, str(forged), storage_root=str(tmp_path), job_run=JOB, results=results
+        )
+
+    elsewhere = tmp_path / "elsewhere" / "x" / "checkpoint_000001"
+    shutil.copytree(handed_copy(tmp_path / "other", donor), elsewhere)
+    with pytest.raises(integrity.IntegrityError, match="is not under"):
+        integrity.verify_handoff(
+            elsewhere, str(elsewhere), storage_root=str(tmp_path), job_run=JOB, results=results
+        )
+
+
 def test_deepspeed_resume_refuses_a_tampered_checkpoint_and_resumes_an_untampered_one(
     ray_session: None, tmp_path: Path
 ) -> None:

@@ -15,8 +15,9 @@ import pytest
 import torch
 import yaml
 
-from rayship import api
+from rayship import api, modelservice
 from rayship_workloads import models, recipes, serve_local
+from rayship_workloads.serve import ServeArgs
 from tests.workloads.serve_http import call, free_port
 
 pytestmark = pytest.mark.workloads
@@ -99,3 +100,28 @@ def test_startup_line_names_the_model_kinds_routes(tmp_path: Path) -> None:
     mlp = serve_local.hint(service(mlp_dir), url, str(mlp_dir))
     assert f"POST {url}/predict" in mlp and "/generate" not in mlp and "/v1/" not in mlp, mlp
     assert os.sep in mlp  # the model's path is said
+
+
+def test_local_serve_deploys_the_modelservice_batching() -> None:
+    """`rayship serve -f` deploys the ModelService's own batching and concurrency settings (the config
+    `serve_local.serve` builds: the cluster's serveConfigV2, scaled to this machine), and the model
+    server accepts them as they are."""
+    doc = {
+        "apiVersion": api.API_VERSION,
+        "kind": "ModelService",
+        "metadata": {"name": "m"},
+        "spec": {
+            "model": {"uri": "/models/m"},
+            "batching": {"maxBatchSize": 12, "batchWaitTimeoutMs": 3},
+            "resources": {"gpus": 1, "cpus": 4},
+        },
+    }
+    config = modelservice.serve_config(api.ModelService.model_validate(doc), "/models/m")
+    changes = serve_local.localize(config, has_gpu=False)
+    assert changes == ["at most 1 CPU a replica", "no GPU here: replicas on CPU"]
+    (app,) = config["applications"]
+    args = ServeArgs.model_validate(app["args"])
+    assert (args.max_batch_size, args.batch_wait_timeout_s) == (12, 0.003)
+    (deployment,) = app["deployments"]
+    assert deployment["max_ongoing_requests"] == args.max_ongoing_requests == 24
+    assert deployment["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0}

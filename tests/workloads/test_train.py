@@ -54,6 +54,7 @@ class Recorder:
     """A `job.Reporter` that keeps what it is given."""
 
     quiet = True
+    prefix = ""
 
     def __init__(self, metrics_path: Path) -> None:
         self.metrics_path = metrics_path
@@ -317,7 +318,13 @@ def test_rayship_run_of_a_tuning_spec_runs_the_trials_and_reports_the_best(
     assert 1e-4 <= best["learningRate"] < 3e-2 and best["config.hidden"] in ([16], [32, 32])
     assert tuning["bestMetric"] > 0 and result["metrics"]["loss"] == tuning["bestMetric"]
     assert set(result["metrics"]) == {"epoch", "step", "loss", "resumed_from_epoch"}  # the loop's, not Tune's
-    trial_lines = [line for line in out.splitlines() if line.startswith("trial ") and "learningRate=" in line]
+    epoch_lines = [line for line in out.splitlines() if line.startswith("trial ") and "  epoch " in line]
+    assert len(epoch_lines) >= 4 and "Trial status" not in out, out  # a line per trial epoch, no tables
+    trial_lines = [
+        line
+        for line in out.splitlines()
+        if line.startswith("trial ") and "learningRate=" in line and line not in epoch_lines
+    ]
     assert len(trial_lines) == 4 and any(tuning["bestTrial"] in line for line in trial_lines), out
     # every grid value, numSamples times
     assert sum("config.hidden=[16] " in line + " " for line in trial_lines) == 2, trial_lines
@@ -358,6 +365,48 @@ def test_causal_lm_recipe_on_a_tiny_config(ray_session, tmp_path: Path, strategy
     with torch.no_grad():
         logits = model(input_ids=prompt).logits
     assert logits.shape == (1, prompt.shape[1], 260) and torch.isfinite(logits).all()
+
+
+def test_causal_lm_on_the_hugging_face_trainer_with_deepspeed_resumes_and_exports(
+    ray_session, tmp_path: Path
+) -> None:
+    """`trainer.config.engine: hf-trainer`: transformers.Trainer with the job's DeepSpeed settings as
+    its `deepspeed=` config, reporting each epoch (validation too) with signed `epoch-N` checkpoints
+    that hold the Trainer's checkpoint; a longer run resumes the last one; the model exports as the
+    built-in loop's does."""
+    changes: dict[str, Any] = {
+        "trainer.recipe": "causal-lm",
+        "trainer.strategy": "deepspeed",
+        "trainer.deepspeed": {"zeroStage": 2, "precision": "fp32"},
+        "trainer.epochs": 2,
+        "trainer.batchSizePerWorker": 16,
+        "trainer.learningRate": 0.003,
+        "trainer.config": {"max_length": 32, "engine": "hf-trainer"},
+        "data.samples": 96,
+        "data.validation": {"fraction": 0.25},
+        "workers.replicas": 1,
+    }
+    outcome, metrics = fit(spec(tmp_path, **changes), tmp_path)
+    history = json.loads(metrics.read_text())
+    assert [h["epoch"] for h in history] == [1, 2], history
+    last = history[-1]["metrics"]
+    assert last["perplexity"] == pytest.approx(math.exp(last["evalLoss"])) and last["loss"] > 0
+    assert checkpoints(outcome) == ["epoch-00001", "epoch-00002"]
+    saved = Path(outcome.storage_root, outcome.run_name, "epoch-00002")
+    assert json.loads((saved / recipes.STATE).read_text())["strategy"] == "hf-trainer/deepspeed"
+    assert list((saved / "checkpoint").glob("global_step*/*optim_states.pt")), sorted(
+        saved.rglob("*")
+    )  # ZeRO
+    model, manifest = models.load_model(outcome.model_uri)
+    assert manifest["recipe"] == "causal-lm" and manifest["tokenizer"] == "bytes"
+    with torch.no_grad():
+        assert torch.isfinite(model(input_ids=torch.tensor([list(b"the ray ")])).logits).all()
+
+    changes["trainer.epochs"] = 3  # the same run, longer: resumes after epoch 2
+    outcome, metrics = fit(spec(tmp_path, **changes), tmp_path)
+    history = json.loads(metrics.read_text())
+    assert [h["epoch"] for h in history] == [1, 2, 3] and history[-1]["resumedFromEpoch"] == 2, history
+    assert checkpoints(outcome)[-1] == "epoch-00003" and outcome.model_uri is not None
 
 
 def test_run_with_missing_data_names_the_field(ray_session, tmp_path: Path, capsys) -> None:

@@ -28,6 +28,16 @@ the same volume can read it and forge digests, and on an object store the key ob
 the bucket. Only the Secret (`RAYSHIP_CHECKPOINT_KEY_FILE`) separates jobs that share a uid and storage.
 The digest does not stop a co-tenant deleting or replacing checkpoints (the load then refuses), nor
 replaying this run's own older checkpoint under its own name.
+
+Hand-off between the trials of one search (Tune PBT, `verify_handoff`): each trial is its own Train
+run `<job run>-<Tune trial id>[-<segment>]` with its own key, as above. A trial that exploits another
+resumes from Tune's copy of that trial's checkpoint, which must lie in the job's Tune results
+(`<storage>/<job run>-tune/<trial>/<checkpoint>/`) and be signed by a Train run of the *same* job (a
+Tune trial id holds an underscore, which no Kubernetes name has, so no other TrainingJob's run matches)
+with that run's own key (`find_key`: its key file, or the shared secret derived for that run name). No
+key is shared or weakened: a checkpoint from outside the job, or signed by anything but one of its
+trials, is refused as before. The copy's directory name is Tune's, so the name checked is the one the
+trial signed (`epoch-NNNNN`): as above, replaying the job's own older checkpoints is not prevented.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import secrets
 import stat
 import tempfile
@@ -196,6 +207,21 @@ def check_inside(path: str, storage_root: str, run_name: str) -> None:
         )
 
 
+def check_within(path: str, directory: str, depth: int) -> None:
+    """`path` must be `depth` levels under `directory` (`check_inside`'s rule, `depth` levels down)."""
+    if storage.is_remote(directory):
+        inner = path.split("://", 1)[1] if "://" in path else path
+        parent, base = posixpath.normpath(inner), posixpath.normpath(directory.split("://", 1)[1])
+        for _ in range(depth):
+            parent = posixpath.dirname(parent)
+        inside = parent == base
+    else:
+        resolved = Path(os.path.realpath(path.removeprefix("file://")))
+        inside = resolved.parents[depth - 1] == Path(os.path.realpath(directory))
+    if not inside:
+        raise IntegrityError(f"checkpoint {path} is not under {directory}/; refusing to load it")
+
+
 # --- digests --------------------------------------------------------------------------------------------
 
 
@@ -328,3 +354,49 @@ def verify_model(uri: str, directory: Path) -> None:
     elif has_digest(directory):
         log.warning("model %s: no key of its run here: checking its files' sha256s, not who wrote them", uri)
         verify(directory, None, run=run_name, name=posixpath.basename(base), what="model")
+
+
+# --- hand-off between the trials of one search ------------------------------------------------------
+
+_TRIAL_SUFFIX = re.compile(r"-[0-9a-f]{5}_[0-9]{5}(-[0-9a-f]{8})?")
+
+
+def is_trial_run(run: str, job_run: str) -> bool:
+    """`run` is the Train run of a Tune trial of the job whose run name is `job_run`:
+    `<job run>-<trial id>` (Tune's ids: 5 hex digits, `_`, 5 digits), after a hand-off with a segment
+    `-<8 hex digits>`."""
+    return run.startswith(f"{job_run}-") and _TRIAL_SUFFIX.fullmatch(run[len(job_run) :]) is not None
+
+
+def _signer(directory: Path) -> tuple[str, str]:
+    """(run, checkpoint) the digests of `directory` claim (checked against the HMAC by `verify`)."""
+    claims = set()
+    for digest in sorted(directory.glob(DIGEST_GLOB)):
+        try:
+            doc = json.loads(digest.read_text())
+            claims.add((str(doc["run"]), str(doc["checkpoint"])))
+        except (ValueError, KeyError, TypeError) as err:
+            raise IntegrityError(
+                f"checkpoint {directory}: {digest.name} is not a rayship digest ({err}); refusing to load it"
+            ) from err
+    if len(claims) != 1:
+        raise IntegrityError(
+            f"checkpoint {directory}: its digests name {sorted(claims) or 'no run'}, not one checkpoint of "
+            "one run; refusing to load it"
+        )
+    return claims.pop()
+
+
+def verify_handoff(directory: Path, path: str, *, storage_root: str, job_run: str, results: str) -> str:
+    """Verify a checkpoint handed from one trial of job `job_run` to another (Tune's copy at `path`,
+    fetched to `directory`): it lies in the job's Tune results (`results/<trial>/<checkpoint>`) and
+    every file is signed by one Train run of a trial of this job with that run's key. Returns what
+    it was signed as, `<run>/<checkpoint>`."""
+    check_within(path, results, depth=2)
+    run, name = _signer(directory)
+    if not is_trial_run(run, job_run):
+        raise IntegrityError(
+            f"checkpoint {path}: signed as {run}/{name}, not by a trial of {job_run}; refusing to load it"
+        )
+    verify(directory, load_key(storage_root, run), run=run, name=name)
+    return f"{run}/{name}"

@@ -56,6 +56,7 @@ class Reporter(Protocol):
     """Where a run's progress and result go."""
 
     quiet: bool  # Ray Train's own logging at WARNING
+    prefix: str  # before each progress line (a tuning trial's too)
 
     def progress(self, *, epochs: int, storage_root: str) -> UserCallback:
         """The callback that reports each epoch of a training run (not called for tuning trials)."""
@@ -70,6 +71,7 @@ class ClusterReporter:
     from the environment variable `names.ENV_TRAININGJOB`, which the operator sets) is given."""
 
     quiet = False
+    prefix = "[rayship] "
 
     def __init__(self, trainingjob: str | None) -> None:
         self.trainingjob = trainingjob
@@ -141,7 +143,13 @@ def run(
         }
         result = JobResult(api.CheckpointStatus.model_validate(checkpoint), metrics=outcome.metrics)
     else:
-        found = tune.search(tj, storage_root=storage_root, runtime_env=runtime_env)
+        prefix = reporter.prefix  # the trials' lines: Tune pickles the callback, not the reporter
+        found = tune.search(
+            tj,
+            storage_root=storage_root,
+            runtime_env=runtime_env,
+            say=lambda line: print(f"{prefix}{line}", flush=True),
+        )
         checkpoint = {"best": found.best_checkpoint, "model": found.model_uri, "bestModel": found.model_uri}
         result = JobResult(
             api.CheckpointStatus.model_validate(checkpoint),

@@ -34,6 +34,12 @@ if TYPE_CHECKING:  # at run time, imported where used: `rayship serve` needs no 
     from rayship_workloads.job import JobResult
 
 RUNS_DIR = Path("rayship-runs")
+# How often local mode's Ray Train controller polls its workers, which is also how often it collects
+# their reports (each `ray.train.report` waits until the previous one is collected). Ray's default,
+# 2 s, is meant for a cluster; with the short epochs of a laptop run it was most of each epoch. The
+# poll is one small actor call per worker; a value set in the environment wins.
+LOCAL_TRAIN_POLL_S = "0.2"
+TRAIN_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"  # Ray Train V2's; the driver passes it on
 
 
 def local_environment() -> None:
@@ -92,6 +98,7 @@ def init_ray(workers: int, runtime_env: dict[str, Any] | None = None) -> dict[st
     import ray
 
     local_environment()
+    os.environ.setdefault(TRAIN_POLL_ENV, LOCAL_TRAIN_POLL_S)  # read when a run starts, in this process
     import ray.data
 
     ray.data.DataContext.get_current().enable_progress_bars = False  # our progress lines say enough
@@ -165,6 +172,7 @@ class LocalReporter:
     run trains), then loss.png, result.json and a summary under the run directory `out`."""
 
     quiet = True
+    prefix = ""
 
     def __init__(self, out: Path) -> None:
         self.out = out
@@ -349,6 +357,7 @@ def demo(
     from rayship_workloads import data
 
     tj = as_trainingjob(tj)
+    own_ray = not ray.is_initialized()  # the local Ray `run` starts is this process's to stop
     result = run(tj, runs_dir=runs_dir, restart=True)  # the demo trains afresh every time
     try:
         url = serve(result["model"], port=port, route_prefix="/" + tj.metadata.name)
@@ -362,7 +371,11 @@ def demo(
         print(f"prediction {prediction:.4f}  (true value {target:.4f})", flush=True)
         return {**result, "url": url, "prediction": prediction, "target": target}
     finally:
-        ray_serve.shutdown()
+        # Stopping the local Ray this demo started stops Serve with it; Serve's own graceful shutdown
+        # (~2-3 s: each replica waits a 2 s drain loop) has nothing to drain once the one request is
+        # answered. On a Ray that was already running, Serve is shut down and Ray left as it was.
+        if not own_ray:
+            ray_serve.shutdown()
         ray.shutdown()
         print("shut down: Serve and local Ray stopped", flush=True)
 

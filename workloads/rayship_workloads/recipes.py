@@ -40,7 +40,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from rayship import api
-from rayship_workloads import data, integrity, strategies
+from rayship_workloads import data, integrity, storage, strategies
 from rayship_workloads.strategies import Strategy
 
 TrainLoop = Callable[[dict[str, Any]], None]
@@ -104,36 +104,81 @@ def checkpoint_name(epoch: int) -> str:
 
 @dataclass(frozen=True)
 class Run:
-    """Where a loop's checkpoints live (`config["rayship"]`): what it may load, and its key (`integrity`)."""
+    """Where a loop's checkpoints live (`config["rayship"]`): what it may load, and its key (`integrity`).
+    `handoff`: under PBT, the checkpoint another trial of the same job hands this one (`{"path",
+    "job_run", "results"}`: Tune's copy, the job's run name, its Tune results directory)."""
 
     storage_root: str
     run_name: str
+    handoff: Mapping[str, str] | None = None
+    learning_rate: float | None = None  # this run's (`lr`): a handed-over optimizer state gets it
 
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> Run:
-        return cls(config["rayship"]["storage_root"], config["rayship"]["run_name"])
+        rayship = config["rayship"]
+        return cls(rayship["storage_root"], rayship["run_name"], rayship.get("handoff"), config.get("lr"))
 
     def key(self) -> bytes:
         return integrity.load_key(self.storage_root, self.run_name)
 
 
-def resume(strategy: Strategy, run: Run) -> tuple[int, int]:
-    """(epoch, step) of the latest checkpoint, after verifying (`integrity`: under this run's storage,
-    every file as this run signed it) and loading it; (0, 0) when starting fresh."""
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is None:
-        return 0, 0
-    integrity.check_inside(checkpoint.path, run.storage_root, run.run_name)
-    with checkpoint.as_directory() as directory:
-        name = Path(checkpoint.path).name
-        integrity.verify(Path(directory), run.key(), run=run.run_name, name=name)
-        strategy.load(Path(directory))
-        state = json.loads((Path(directory) / STATE).read_text())
+@dataclass(frozen=True)
+class Start:
+    """Where a loop starts: the epoch and step of the checkpoint it resumed (0, 0 when fresh), and,
+    for a checkpoint handed over by another trial (PBT), what it was signed as (`<run>/<checkpoint>`)."""
+
+    epoch: int = 0
+    step: int = 0
+    handed_from: str | None = None
+
+
+class Checkpointer(Protocol):
+    """What `resume` and `report` need of a strategy (or of the Hugging Face Trainer engine)."""
+
+    name: str
+
+    def save(self, directory: Path) -> None: ...
+    def load(self, directory: Path) -> None: ...
+    def set_learning_rate(self, lr: float) -> None: ...
+
+
+def _load(strategy: Checkpointer, directory: Path) -> tuple[int, int]:
+    strategy.load(directory)
+    state = json.loads((directory / STATE).read_text())
     return int(state["epoch"]), int(state["step"])
 
 
+def resume(strategy: Checkpointer, run: Run) -> Start:
+    """The latest checkpoint of this run, after verifying (`integrity`: under this run's storage,
+    every file as this run signed it) and loading it; else the checkpoint another trial handed this
+    one (`integrity.verify_handoff`); else a fresh start."""
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        integrity.check_inside(checkpoint.path, run.storage_root, run.run_name)
+        with checkpoint.as_directory() as directory:
+            name = Path(checkpoint.path).name
+            integrity.verify(Path(directory), run.key(), run=run.run_name, name=name)
+            return Start(*_load(strategy, Path(directory)))
+    if run.handoff is None:
+        return Start()
+    path = run.handoff["path"]
+    fs, fs_path = storage.filesystem(path)
+    with ray.train.Checkpoint(fs_path, filesystem=fs).as_directory() as directory:
+        signer = integrity.verify_handoff(
+            Path(directory),
+            path,
+            storage_root=run.storage_root,
+            job_run=run.handoff["job_run"],
+            results=run.handoff["results"],
+        )
+        epoch, step = _load(strategy, Path(directory))
+    if run.learning_rate is not None:
+        strategy.set_learning_rate(float(run.learning_rate))
+    return Start(epoch, step, handed_from=signer)
+
+
 def report(
-    strategy: Strategy, run: Run, *, epoch: int, step: int, metrics: dict[str, float], save: bool
+    strategy: Checkpointer, run: Run, *, epoch: int, step: int, metrics: dict[str, Any], save: bool
 ) -> None:
     """Report this epoch's metrics from every rank, with a checkpoint when `save` (each rank's files
     and, last, its signed digest)."""
@@ -211,22 +256,24 @@ def run_epochs(
     spec: api.TrainingJobSpec,
     run: Run,
     *,
-    start_epoch: int,
-    step: int,
+    start: Start,
     losses: Callable[[], Iterator[torch.Tensor]],
     on_epoch_end: EpochHook | None,
     evaluate: Evaluation | None = None,
 ) -> None:
-    """The epochs after `start_epoch`: a step per batch loss, then (with `evaluate`) the validation
-    metrics, then a report (mean loss over the epoch), with a checkpoint every
-    `checkpoint.everyEpochs` epochs and after the last one."""
-    epochs, every = spec.trainer.epochs, spec.checkpoint.every_epochs
-    for epoch in range(start_epoch + 1, epochs + 1):
+    """The epochs after `start.epoch`: a step per batch loss, then (with `evaluate`) the validation
+    metrics, then a report (mean loss over the epoch; `resumed_from_epoch`, and `handed_from` for a
+    checkpoint another trial handed over), with a checkpoint every `checkpoint.everyEpochs` epochs
+    and after the last one."""
+    epochs, every, step = spec.trainer.epochs, spec.checkpoint.every_epochs, start.step
+    for epoch in range(start.epoch + 1, epochs + 1):
         total, batches = 0.0, 0
         for loss in losses():
             strategy.step(loss)
             total, batches, step = total + loss.item(), batches + 1, step + 1
-        metrics = {"loss": total / max(batches, 1), "resumed_from_epoch": start_epoch}
+        metrics: dict[str, Any] = {"loss": total / max(batches, 1), "resumed_from_epoch": start.epoch}
+        if start.handed_from is not None:
+            metrics["handed_from"] = start.handed_from
         if evaluate is not None:
             metrics.update(evaluate())
         save = epoch % every == 0 or epoch == epochs
@@ -288,7 +335,7 @@ def mlp_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None) -> N
     strategy = strategies.create(spec.trainer, build_mlp(rayship["model_config"]))
 
     # [3] resume from the latest checkpoint, if this run has one
-    start_epoch, step = resume(strategy, Run.of(config))
+    start = resume(strategy, Run.of(config))
 
     # [4] train, evaluate on the validation shard (with data.validation), and report every epoch
     # (checkpointing every `everyEpochs` and at the end)
@@ -303,8 +350,7 @@ def mlp_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None) -> N
         strategy,
         spec,
         Run.of(config),
-        start_epoch=start_epoch,
-        step=step,
+        start=start,
         losses=lambda: (loss for loss, _ in batch_losses(shard)),
         on_epoch_end=on_epoch_end,
         evaluate=None
@@ -391,7 +437,8 @@ class Tokens:
 
 
 def causal_lm_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None) -> None:
-    """Next-token prediction on a `text` column."""
+    """Next-token prediction on a `text` column (`config.engine: hf-trainer` runs `hf_trainer.loop`
+    instead: `train.loop_for` picks it)."""
     rayship = config["rayship"]
     spec = loop_spec(config)
     batch_size = spec.trainer.batch_size_per_worker
@@ -406,7 +453,7 @@ def causal_lm_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None
     strategy = strategies.create(spec.trainer, build_causal_lm(rayship["model_config"]))
 
     # [3] resume from the latest checkpoint, if this run has one
-    start_epoch, step = resume(strategy, Run.of(config))
+    start = resume(strategy, Run.of(config))
 
     # [4] train, evaluate on the validation shard (with data.validation), and report every epoch
     def batch_losses(source: Any) -> Iterator[tuple[torch.Tensor, int]]:
@@ -419,8 +466,7 @@ def causal_lm_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None
         strategy,
         spec,
         Run.of(config),
-        start_epoch=start_epoch,
-        step=step,
+        start=start,
         losses=lambda: (loss for loss, _ in batch_losses(shard)),
         on_epoch_end=on_epoch_end,
         evaluate=None

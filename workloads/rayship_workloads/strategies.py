@@ -27,6 +27,14 @@ class Strategy(Protocol):
     def step(self, loss: torch.Tensor) -> None: ...
     def save(self, directory: Path) -> None: ...
     def load(self, directory: Path) -> None: ...
+    def set_learning_rate(self, lr: float) -> None: ...
+
+
+def set_learning_rate(optimizer: Any, lr: float) -> None:
+    """Every parameter group at `lr` (a loaded optimizer state brings the learning rate it was saved
+    with: a PBT trial handed another's checkpoint trains on with its own)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 def deepspeed_config(trainer: api.TrainerSpec, use_gpu: bool) -> dict[str, Any]:
@@ -88,6 +96,9 @@ class DDPStrategy:
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
 
+    def set_learning_rate(self, lr: float) -> None:
+        set_learning_rate(self.optimizer, lr)
+
 
 class DeepSpeedStrategy:
     name = "deepspeed"
@@ -112,6 +123,9 @@ class DeepSpeedStrategy:
         path, _ = self.model.load_checkpoint(str(directory), tag=DS_TAG)
         if path is None:
             raise FileNotFoundError(f"{directory}: no DeepSpeed checkpoint with tag {DS_TAG!r}")
+
+    def set_learning_rate(self, lr: float) -> None:
+        set_learning_rate(self.optimizer, lr)
 
 
 def create(trainer: api.TrainerSpec, model: nn.Module) -> Strategy:

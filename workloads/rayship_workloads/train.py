@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,16 @@ from ray.train.v2.api.exceptions import TrainingFailedError
 from ray.train.v2.torch.torch_trainer import TorchTrainer
 
 from rayship import api
-from rayship_workloads import data, integrity, models, progress, recipes, redact, storage, strategies
+from rayship_workloads import (
+    data,
+    integrity,
+    models,
+    progress,
+    recipes,
+    redact,
+    storage,
+    strategies,
+)
 
 
 @dataclass(frozen=True)
@@ -66,9 +75,9 @@ class Prepared:
             found["validation"] = self.validation
         return found
 
-    def loop_config(self, tj: api.TrainingJob) -> dict[str, Any]:
+    def loop_config(self, tj: api.TrainingJob, handoff: Mapping[str, str] | None = None) -> dict[str, Any]:
         """`train_loop_config`: `trainer.config`, the common hyperparameters, and the `rayship` key
-        every loop reads."""
+        every loop reads (with `handoff`, the checkpoint another trial hands this run: `recipes.Run`)."""
         trainer = tj.spec.trainer
         context = {
             "spec": redact.redacted(tj.spec.wire()),  # env values are in the process environment
@@ -77,6 +86,8 @@ class Prepared:
             "storage_root": self.storage_root,
             "run_name": self.run_name,
         }
+        if handoff is not None:
+            context["handoff"] = dict(handoff)
         hyperparameters = {
             "lr": trainer.learning_rate,
             "learningRate": trainer.learning_rate,
@@ -107,6 +118,16 @@ def prepare(tj: api.TrainingJob, *, storage_root: str, name: str | None = None) 
     )
 
 
+def loop_for(trainer: api.TrainerSpec) -> recipes.TrainLoop:
+    """The train loop: the recipe's or the user's (`recipes.train_loop`), or the Hugging Face Trainer's
+    for `config.engine: hf-trainer` (imported only then: it brings transformers' Trainer)."""
+    if trainer.recipe == "causal-lm" and trainer.config.get("engine") == "hf-trainer":
+        from rayship_workloads import hf_trainer
+
+        return hf_trainer.loop
+    return recipes.train_loop(trainer)
+
+
 def build_trainer(
     tj: api.TrainingJob,
     *,
@@ -116,10 +137,12 @@ def build_trainer(
     quiet: bool = False,
     runtime_env: dict[str, Any] | None = None,
     max_failures: int | None = None,
+    handoff: Mapping[str, str] | None = None,
 ) -> tuple[TorchTrainer, Prepared]:
     """The TorchTrainer for a TrainingJob, and what the export step needs. `quiet`: Ray Train logs
     warnings only; `runtime_env`: Ray's runtime env for the workers (local mode's `runtimeEnv`; in a
-    cluster it is the job's own); `max_failures`: instead of failurePolicy.maxWorkerFailures."""
+    cluster it is the job's own); `max_failures`: instead of failurePolicy.maxWorkerFailures;
+    `handoff`: a checkpoint of another trial to start from (`tune`, PBT)."""
     spec = tj.spec
     workers = spec.workers
     prepared = prepare(tj, storage_root=storage_root, name=name)
@@ -128,8 +151,8 @@ def build_trainer(
     resources: dict[str, float] = {"CPU": 1, "GPU": gpus} if gpus else {"CPU": 1}  # spare CPUs feed Ray Data
     failures = spec.failure_policy.max_worker_failures if max_failures is None else max_failures
     trainer = TorchTrainer(
-        recipes.train_loop(spec.trainer),
-        train_loop_config=prepared.loop_config(tj),
+        loop_for(spec.trainer),
+        train_loop_config=prepared.loop_config(tj, handoff),
         scaling_config=ScalingConfig(
             num_workers=workers.replicas, use_gpu=gpus > 0, resources_per_worker=resources
         ),
@@ -159,7 +182,12 @@ def export(
     key = integrity.load_key(prepared.storage_root, prepared.run_name)
     with checkpoint.as_directory() as directory, tempfile.TemporaryDirectory() as tmp:
         integrity.verify(Path(directory), key, run=prepared.run_name, name=Path(checkpoint.path).name)
-        state = strategies.full_state_dict(Path(directory), tj.spec.trainer.strategy)
+        if tj.spec.trainer.config.get("engine") == "hf-trainer":  # imports transformers: only then
+            from rayship_workloads import hf_trainer
+
+            state = hf_trainer.state_dict(Path(directory), tj.spec.trainer.strategy)
+        else:
+            state = strategies.full_state_dict(Path(directory), tj.spec.trainer.strategy)
         models.export(Path(tmp), prepared.recipe.name, prepared.setup, state)
         integrity.sign(Path(tmp), key, run=prepared.run_name, name=name, model=True)
         storage.upload_dir(Path(tmp), target)
