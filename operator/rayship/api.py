@@ -949,7 +949,7 @@ class ModelSource(ApiModel):
     cel_rules: ClassVar = (
         CelRule(
             "has(self.fromTrainingJob) != has(self.uri)",
-            "set exactly one of model.fromTrainingJob or model.uri",
+            "set exactly one of fromTrainingJob or uri (in spec.model, or in each entry of spec.models)",
         ),
     )
     from_training_job: FromTrainingJob | None = Field(None, description="A TrainingJob's exported model.")
@@ -1015,6 +1015,12 @@ IMPORT_PATH_PATTERN = (
     r"^[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)*$"
 )
 APPLICATION_MODEL_ARG = "modelUri"  # the arg rayship hands an own application: the resolved model
+APPLICATION_MODELS_ARG = "models"  # ... and with spec.models: {name: resolved URI}
+# Names of spec.models entries: what a request puts in the serve_multiplexed_model_id header (and an
+# OpenAI request's "model"), a key of the application's args.models, and status.models[].name.
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$"
+MAX_MODELS = 32
+DEFAULT_MODEL_CACHE_SIZE = 3  # models a replica keeps loaded when spec.modelCacheSize is not set
 
 
 class DeploymentAutoscaling(ApiModel):
@@ -1070,7 +1076,8 @@ class ServeApplication(ApiModel):
     """Your own Ray Serve application instead of rayship's model server: an application builder
     (`def app_builder(args) -> Application`) or a bound deployment graph, by import path. rayship resolves
     the model (model.uri or model.fromTrainingJob) and hands its URI to the builder as
-    `args.modelUri`, so a new model rolls out in place as with the built-in server."""
+    `args.modelUri` (with spec.models: `args.models`, name -> URI), so a new model rolls out in place as
+    with the built-in server."""
 
     import_path: str = Field(
         ...,
@@ -1088,12 +1095,15 @@ class ServeApplication(ApiModel):
 
     @field_validator("args")
     @classmethod
-    def _model_uri_is_ours(cls, args: dict[str, Any]) -> dict[str, Any]:
-        if APPLICATION_MODEL_ARG in args:
-            raise ValueError(
-                f"{APPLICATION_MODEL_ARG}: set by rayship from spec.model (the resolved model's URI); "
-                f"remove it from application.args"
-            )
+    def _model_args_are_ours(cls, args: dict[str, Any]) -> dict[str, Any]:
+        # Both names are reserved, whichever of spec.model / spec.models the service uses, so that
+        # switching between them never collides with the application's own args.
+        for arg, source in ((APPLICATION_MODEL_ARG, "spec.model"), (APPLICATION_MODELS_ARG, "spec.models")):
+            if arg in args:
+                raise ValueError(
+                    f"{arg}: set by rayship from {source} (the resolved model URIs); remove it from "
+                    "application.args"
+                )
         return args
 
 
@@ -1171,12 +1181,32 @@ class ModelServiceSpec(ApiModel):
             "spec.application)",
         ),
         CelRule(
+            "has(self.model) != has(self.models)",
+            "set exactly one of spec.model (one model) or spec.models (several, served with Serve model "
+            "multiplexing)",
+        ),
+        CelRule(
+            "!has(self.models) || self.models.all(k, k.matches('" + MODEL_NAME_PATTERN + "'))",
+            "models: names are letters, digits, '_', '.' and '-', starting and ending with a letter or "
+            "digit, at most 63 characters (a request names its model by it)",
+        ),
+        CelRule(
+            "!has(self.modelCacheSize) || (has(self.models) && !has(self.application))",
+            "modelCacheSize: for the built-in model server with spec.models (an own application sizes "
+            "its own serve.multiplexed cache); remove it or use spec.models",
+        ),
+        CelRule(
             "!has(self.vllm) || self.engine == 'vllm'",
             "vllm: settings of engine vllm; set engine: vllm or remove them",
         ),
         CelRule(
             "self.engine != 'vllm' || !has(self.application)",
             "engine vllm serves Ray Serve LLM's OpenAI application; remove application (or the engine)",
+        ),
+        CelRule(
+            "self.engine != 'vllm' || !has(self.models)",
+            "models: engine vllm serves one model per ModelService; set spec.model (one ModelService per "
+            "language model), or use engine: rayship for several",
         ),
         CelRule(
             "self.engine != 'vllm' || has(self.image)",
@@ -1212,7 +1242,21 @@ class ModelServiceSpec(ApiModel):
     ray_version: str | None = Field(
         None, pattern=RAY_VERSION_PATTERN, description="Ray version in the image."
     )
-    model: ModelSource = Field(..., description="The model to serve.")
+    model: ModelSource | None = Field(None, description="The model to serve (or spec.models for several).")
+    models: dict[str, ModelSource] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_MODELS,
+        description="Several models by name, served with Serve model multiplexing: a request picks one "
+        "with the serve_multiplexed_model_id header (or an OpenAI request's model). Instead of model.",
+    )
+    model_cache_size: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_MODELS,
+        description=f"With models: how many models each replica keeps loaded (the least recently used "
+        f"is evicted; Serve's max_num_models_per_replica). Default {DEFAULT_MODEL_CACHE_SIZE}.",
+    )
     replicas: ServeReplicas = sub(ServeReplicas, "Replica autoscaling.")
     resources: ServeResources = sub(ServeResources, "Resources per replica.")
     batching: Batching = sub(Batching, "Request batching.")
@@ -1237,7 +1281,8 @@ class ModelServiceSpec(ApiModel):
     )
     application: ServeApplication | None = Field(
         None,
-        description="Your own Serve application (instead of the built-in model server), given model.uri.",
+        description="Your own Serve application (instead of the built-in model server), given the resolved "
+        "model as args.modelUri (with spec.models: args.models, name -> URI).",
     )
     deployments: dict[str, DeploymentSettings] = Field(
         default_factory=dict,
@@ -1251,6 +1296,21 @@ class ModelServiceSpec(ApiModel):
         "on GPUs; needs an image with vLLM.",
     )
     vllm: VllmSpec | None = Field(None, description="vLLM engine settings (engine: vllm).")
+
+
+class ServedModelStatus(ApiModel):
+    """One model of spec.models as served."""
+
+    name: str = Field(..., description="The model's name in spec.models (the serve_multiplexed_model_id).")
+    uri: str | None = Field(
+        None, description="The model URI Serve was confirmed to serve under this name (unset: not yet)."
+    )
+    target_uri: str | None = Field(
+        None, alias="targetURI", description="The URI being rolled out under this name, until Serve runs it."
+    )
+    volume: PvcStorage | None = Field(
+        None, description="The PVC the model is read from (kept when its TrainingJob is deleted)."
+    )
 
 
 ServicePhase = Literal["WaitingForModel", "Deploying", "Ready", "Degraded", "Failed", "Invalid"]
@@ -1270,6 +1330,14 @@ class ModelServiceStatus(ApiModel):
     )
     target_model_uri: str | None = Field(
         None, alias="targetModelURI", description="The model being rolled out, until it is ready."
+    )
+    models: list[ServedModelStatus] | None = Field(
+        None,
+        description="With spec.models: each model (by name) with the URI Serve serves and the one rolling "
+        "out; a list (sorted by name), so a removed model leaves it whole.",
+    )
+    model_count: int | None = Field(
+        None, ge=0, description="With spec.models: how many models Serve was confirmed to serve."
     )
     serve_endpoints: int | None = Field(
         None,
@@ -1362,7 +1430,8 @@ MODEL_SERVICE = Kind(
     short_names=("ms",),
     columns=(
         PrinterColumn("Phase", "string", ".status.phase", "Lifecycle phase."),
-        PrinterColumn("Model", "string", ".status.modelURI", "The model being served."),
+        PrinterColumn("Model", "string", ".status.modelURI", "The model being served (spec.model)."),
+        PrinterColumn("Models", "integer", ".status.modelCount", "Models being served (spec.models)."),
         PrinterColumn("Endpoints", "integer", ".status.serveEndpoints", "Ray pods serving (Serve proxies)."),
         PrinterColumn("URL", "string", ".status.url", "In-cluster URL."),
         PrinterColumn("Age", "date", ".metadata.creationTimestamp", "Time since creation."),

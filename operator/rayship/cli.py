@@ -81,25 +81,33 @@ def render_documents(docs: list[tuple[str, Any]], config: OperatorConfig) -> lis
             objects.extend(trainingjob.render_trainingjob(obj, config))
         elif isinstance(obj, api.ModelService):
             volume = obj.spec.storage.pvc if obj.spec.storage else None
-            uri = _offline_model_uri(obj, label)
-            objects.append(modelservice.desired_rayservice(obj, config, uri, volume))
+            model = _offline_model(obj, label)
+            objects.append(modelservice.desired_rayservice(obj, config, model, volume))
     if errors:
         raise SpecError(errors)
     return objects
 
 
-def _offline_model_uri(ms: api.ModelService, label: str) -> str:
-    """`model.uri`, or for `fromTrainingJob` a stand-in (the real URI is known once the job succeeds)."""
-    if ms.spec.model.uri:
-        return ms.spec.model.uri
-    ref = ms.spec.model.from_training_job
-    assert ref is not None
-    print(
-        f"note: {label}: model.fromTrainingJob is resolved by the operator once TrainingJob {ref.name} "
-        "succeeds; the RayService below shows a stand-in model URI",
-        file=sys.stderr,
-    )
-    return f"trainingjob://{ms.metadata.namespace or 'default'}/{ref.name}/{ref.checkpoint}"
+def _offline_model(ms: api.ModelService, label: str) -> modelservice.Model:
+    """`model.uri` (or each of `models`), a stand-in for `fromTrainingJob` (the real URI is known once
+    the job succeeds)."""
+    sources = {modelservice.ONE: ms.spec.model} if ms.spec.models is None else ms.spec.models
+    out: dict[str, str] = {}
+    for name, source in sources.items():
+        assert source is not None  # the API guarantees exactly one of model and models
+        if source.uri:
+            out[name] = source.uri
+            continue
+        ref = source.from_training_job
+        assert ref is not None
+        where = "model" if name == modelservice.ONE else f"models.{name}"
+        print(
+            f"note: {label}: {where}.fromTrainingJob is resolved by the operator once TrainingJob {ref.name} "
+            "succeeds; the RayService below shows a stand-in model URI",
+            file=sys.stderr,
+        )
+        out[name] = f"trainingjob://{ms.metadata.namespace or 'default'}/{ref.name}/{ref.checkpoint}"
+    return out if ms.spec.models is not None else out[modelservice.ONE]
 
 
 def _emit(objects: list[dict[str, Any]], output: str) -> str:
@@ -214,7 +222,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 "the cluster objects with rayship render -f"
             )
         try:
-            model = local.resolve_model(ms, runs_dir=Path(args.runs_dir))
+            model = local.resolve_models(ms, runs_dir=Path(args.runs_dir))
         except FileNotFoundError as err:
             raise InputError(f"{label}: {err}") from None
         base_dir = Path.cwd() if args.file == "-" else Path(args.file).resolve().parent
@@ -232,11 +240,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 },
             }
         )
-    if "://" in model and not model.startswith(SERVABLE_SCHEMES):
-        raise InputError(
-            f"--model {model}: rayship serve reads a model from a local path or {', '.join(SERVABLE_SCHEMES)}; "
-            "copy it to one of those"
-        )
+    for uri in [model] if isinstance(model, str) else model.values():
+        if "://" in uri and not uri.startswith(SERVABLE_SCHEMES):
+            where = f"{label}: {uri}" if args.file else label
+            raise InputError(
+                f"{where}: rayship serve reads a model from a local path or "
+                f"{', '.join(SERVABLE_SCHEMES)}; copy it to one of those"
+            )
     try:
         serve_local.serve(ms, model, base_dir=base_dir, port=args.port)
     except (FileNotFoundError, ValueError, serve_local.DeployFailed) as err:  # not a model / app failed

@@ -10,7 +10,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -38,10 +38,11 @@ class Controller:
     resource: api.Resource
     child: api.Resource  # the KubeRay object it owns
     child_name: Callable[[str], str]
-    # The one other object (same namespace) its plan depends on, e.g. a ModelService's TrainingJob.
-    related: Callable[[Mapping[str, Any]], tuple[api.Resource, str] | None]
+    # The other objects (same namespace) its plan depends on, e.g. a ModelService's TrainingJobs; the
+    # plan gets those that exist.
+    related: Callable[[Mapping[str, Any]], list[tuple[api.Resource, str]]]
     plan: Callable[
-        [Mapping[str, Any], Mapping[str, Any] | None, Mapping[str, Any] | None, OperatorConfig], Plan
+        [Mapping[str, Any], Mapping[str, Any] | None, Sequence[Mapping[str, Any]], OperatorConfig], Plan
     ]
     # The label selector of the child's Ray pods while they are worth a look (not running yet).
     pods: Callable[[Mapping[str, Any] | None], str | None]
@@ -55,16 +56,8 @@ class Controller:
     heard: Callable[[Plan, int, str], Plan] = lambda plan, *_: plan
 
 
-def served_trainingjob(ms: Mapping[str, Any]) -> str | None:
-    """The TrainingJob whose model a ModelService serves (`model.fromTrainingJob.name`), if any."""
-    source = (ms.get("spec", {}).get("model") or {}).get("fromTrainingJob") or {}
-    name = source.get("name")
-    return name if isinstance(name, str) else None
-
-
-def _modelservice_related(ms: Mapping[str, Any]) -> tuple[api.Resource, str] | None:
-    name = served_trainingjob(ms)
-    return (api.TRAININGJOBS, name) if name else None
+def _modelservice_related(ms: Mapping[str, Any]) -> list[tuple[api.Resource, str]]:
+    return [(api.TRAININGJOBS, name) for name in modelservice.referenced_trainingjobs(ms)]
 
 
 TRAINING = Controller(
@@ -72,7 +65,7 @@ TRAINING = Controller(
     resource=api.TRAININGJOBS,
     child=api.RAYJOBS,
     child_name=names.rayjob_name,
-    related=lambda _: None,
+    related=lambda _: [],
     plan=trainingjob.plan,
     pods=trainingjob.starting_pods,
     status=trainingjob.status,
@@ -289,7 +282,7 @@ def modelservice_resync(*, namespace: str | None, name: str, memo: kopf.Memo, **
     *api.MODELSERVICES,
     interval=ROLLOUT_CHECK_SECONDS,
     id="rollout",
-    when=lambda status, **_: bool(status.get("targetModelURI")),
+    when=lambda status, **_: modelservice.rolling_out(status),
 )
 def modelservice_rollout(*, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     """A model rollout in flight: ask Serve again until it runs the new model."""
@@ -307,9 +300,9 @@ def rayservice_changed(
 def services_by_trainingjob(
     *, namespace: str | None, name: str, body: kopf.Body, **_: Any
 ) -> dict[tuple[str | None, str], str] | None:
-    """(namespace, TrainingJob name) -> the ModelServices serving its model (kept in memory by kopf)."""
-    served = served_trainingjob(body)
-    return {(namespace, served): name} if served else None
+    """(namespace, TrainingJob name) -> the ModelServices serving its model(s) (kept in memory by kopf)."""
+    served = modelservice.referenced_trainingjobs(body)
+    return {(namespace, trainingjob): name for trainingjob in served} or None
 
 
 # kopf injects an index by its name; its handler protocol cannot express that keyword.
@@ -417,8 +410,7 @@ def _reconcile_once(
     if obj is None or obj["metadata"].get("deletionTimestamp"):
         return True  # gone or going: its children follow by garbage collection
     child = seen.child if seen else k8s.get(ctl.child, namespace, ctl.child_name(name))
-    ref = ctl.related(obj)
-    related = k8s.get(ref[0], namespace, ref[1]) if ref else None
+    related = [found for ref in ctl.related(obj) if (found := k8s.get(ref[0], namespace, ref[1])) is not None]
     todo = ctl.plan(obj, child, related, config)
     if seen and child is None and todo.create is None:
         # No child in memory, and the plan acts on its absence (e.g. a launched child gone): the

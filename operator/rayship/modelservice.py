@@ -17,8 +17,8 @@ import hashlib
 import hmac
 import json
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, cast
 
@@ -65,23 +65,29 @@ def _stored_volume(current: Mapping[str, Any]) -> api.PvcStorage | None:
     return api.PvcStorage.model_validate(stored) if stored else None
 
 
-def resolve_model(
-    ms: api.ModelService, trainingjob: Mapping[str, Any] | None, current: Mapping[str, Any]
+def resolve_source(
+    source: api.ModelSource,
+    trainingjob: Mapping[str, Any] | None,
+    served: str | None,
+    served_volume: api.PvcStorage | None,
+    storage: api.PvcStorage | None,
+    *,
+    engine: str = "rayship",
 ) -> Resolution:
-    source = ms.spec.model
+    """One model: its `uri` (read from `storage`, if any), or its TrainingJob's export; `served` (and
+    `served_volume`) is the URI Serve was last confirmed to serve for it, kept while the job cannot
+    give one. `engine` vllm takes only language models."""
     if source.uri:
-        volume = ms.spec.storage.pvc if ms.spec.storage else None
-        return Resolution(source.uri, "ModelURI", f"serving {source.uri}", volume)
+        return Resolution(source.uri, "ModelURI", f"serving {source.uri}", storage)
     ref = source.from_training_job
     assert ref is not None  # the API guarantees exactly one source
-    served = current.get("modelURI")
     if trainingjob is None:
         if served:
             return Resolution(
                 served,
                 "TrainingJobDeleted",
                 f"TrainingJob {ref.name} was deleted; still serving {served}",
-                _stored_volume(current),
+                served_volume,
             )
         return Resolution(None, "TrainingJobNotFound", f"TrainingJob {ref.name} does not exist (yet)")
     tj_status = trainingjob.get("status") or {}
@@ -90,10 +96,10 @@ def resolve_model(
         reason = "TrainingJobFailed" if phase in ("Failed", "Invalid") else "TrainingJobNotSucceeded"
         if served:
             message = f"TrainingJob {ref.name} is {phase}; still serving {served}"
-            return Resolution(served, reason, message, _stored_volume(current))
+            return Resolution(served, reason, message, served_volume)
         return Resolution(None, reason, f"waiting for TrainingJob {ref.name} to succeed (it is {phase})")
     recipe = ((trainingjob.get("spec") or {}).get("trainer") or {}).get("recipe")
-    if ms.spec.engine == "vllm" and recipe == "mlp":
+    if engine == "vllm" and recipe == "mlp":
         return Resolution(
             None,
             "NotALanguageModel",
@@ -116,14 +122,155 @@ def resolve_model(
     )
 
 
+def resolve_model(
+    ms: api.ModelService, trainingjob: Mapping[str, Any] | None, current: Mapping[str, Any]
+) -> Resolution:
+    """`spec.model`, given the TrainingJob it names (if any) and the status as read."""
+    assert ms.spec.model is not None
+    storage = ms.spec.storage.pvc if ms.spec.storage else None
+    return resolve_source(
+        ms.spec.model,
+        trainingjob,
+        current.get("modelURI"),
+        _stored_volume(current),
+        storage,
+        engine=ms.spec.engine,
+    )
+
+
+ONE = ""  # the key of spec.model's URI among a service's models (spec.models names are never empty)
+KEPT_REASONS = ("ModelURI", "FromTrainingJob")  # a model resolved with nothing to report
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Every model of a service (`spec.model` as ONE, or each of `spec.models` by name) resolved, or
+    why not. The service deploys only when all are (one model still waiting holds the whole config)."""
+
+    each: dict[str, Resolution]
+    clash: str | None = None  # two models' PVCs cannot be mounted together
+
+    @property
+    def models(self) -> dict[str, str] | None:
+        """name -> URI of every model, or None while any is not resolved."""
+        if self.clash is not None or any(r.uri is None for r in self.each.values()):
+            return None
+        return {name: cast(str, r.uri) for name, r in sorted(self.each.items())}
+
+    @property
+    def volumes(self) -> tuple[api.PvcStorage, ...]:
+        """The models' PVCs, each once, in a stable order (mounted read-only on every Ray pod)."""
+        found = {(v.claim_name, v.mount_path): v for r in self.each.values() if (v := r.volume) is not None}
+        return tuple(found[key] for key in sorted(found))
+
+    @property
+    def reason(self) -> str:
+        if self.clash is not None:
+            return "ModelVolumesClash"
+        if ONE in self.each:
+            return self.each[ONE].reason
+        waiting = [r for _, r in sorted(self.each.items()) if r.uri is None]
+        if waiting:
+            return waiting[0].reason
+        noted = [r.reason for _, r in sorted(self.each.items()) if r.reason not in KEPT_REASONS]
+        return noted[0] if noted else "ModelsResolved"
+
+    @property
+    def message(self) -> str:
+        if self.clash is not None:
+            return self.clash
+        if ONE in self.each:
+            return self.each[ONE].message
+        items = sorted(self.each.items())
+        said = "; ".join(f"model {name}: {r.message}" for name, r in items)
+        waiting = [name for name, r in items if r.uri is None]
+        if waiting:
+            return f"waiting for {', '.join(waiting)} (nothing changes until every model resolves): {said}"
+        return said
+
+
+def _volume_clash(each: Mapping[str, Resolution]) -> str | None:
+    """Two models read from different PVCs mounted at the same path cannot be served together."""
+    at: dict[str, tuple[str, str]] = {}
+    for name, r in sorted(each.items()):
+        if r.volume is None:
+            continue
+        seen = at.setdefault(r.volume.mount_path, (name, r.volume.claim_name))
+        if seen[1] != r.volume.claim_name:
+            return (
+                f"models {seen[0]} and {name} are on PVCs {seen[1]} and {r.volume.claim_name}, both mounted "
+                f"at {r.volume.mount_path}: give their TrainingJobs different checkpoint.storage.pvc.mountPath"
+            )
+    return None
+
+
+def _served_models(current: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """status.models as read, by name."""
+    entries = current.get("models") or []
+    return {e["name"]: e for e in entries if isinstance(e, Mapping) and isinstance(e.get("name"), str)}
+
+
+def resolve(
+    ms: api.ModelService, trainingjobs: Mapping[str, Mapping[str, Any]], current: Mapping[str, Any]
+) -> Resolved:
+    """Every model of the service; `trainingjobs` are the TrainingJobs it names that exist, by name."""
+
+    def job(source: api.ModelSource) -> Mapping[str, Any] | None:
+        ref = source.from_training_job
+        return trainingjobs.get(ref.name) if ref is not None else None
+
+    if ms.spec.models is None:
+        assert ms.spec.model is not None  # the API guarantees exactly one of model and models
+        return Resolved({ONE: resolve_model(ms, job(ms.spec.model), current)})
+    storage = ms.spec.storage.pvc if ms.spec.storage else None
+    served = _served_models(current)
+    each: dict[str, Resolution] = {}
+    for name, source in sorted(ms.spec.models.items()):
+        entry = served.get(name) or {}
+        volume = api.PvcStorage.model_validate(entry["volume"]) if entry.get("volume") else None
+        each[name] = resolve_source(source, job(source), entry.get("uri"), volume, storage)
+    return Resolved(each, _volume_clash(each))
+
+
+def referenced_trainingjobs(ms: Mapping[str, Any]) -> list[str]:
+    """The TrainingJobs (same namespace) whose models a ModelService document serves, sorted: from
+    `spec.model.fromTrainingJob` or each `spec.models.<name>.fromTrainingJob`."""
+    spec = ms.get("spec") or {}
+    sources = [spec.get("model")] + list((spec.get("models") or {}).values())
+    found = {
+        ref.get("name")
+        for source in sources
+        if isinstance(source, Mapping) and isinstance(ref := source.get("fromTrainingJob"), Mapping)
+    }
+    return sorted(n for n in found if isinstance(n, str))
+
+
 # --- render ------------------------------------------------------------------------------------
 
 
-def serve_args(ms: api.ModelService, model_uri: str) -> dict[str, Any]:
+Model = str | Mapping[str, str]  # what a service serves: one URI (spec.model), or name -> URI (spec.models)
+
+
+def model_args(ms: api.ModelService, model: Model) -> dict[str, Any]:
+    """The resolved model(s) as the application gets them: `modelUri`, or `models` (name -> URI)."""
+    if ms.spec.models is None:
+        if not isinstance(model, str):
+            raise TypeError("a spec.model service serves one model URI")
+        return {api.APPLICATION_MODEL_ARG: model}
+    if isinstance(model, str) or set(model) != set(ms.spec.models):
+        raise TypeError(f"a spec.models service serves a URI for each of {sorted(ms.spec.models)}")
+    return {api.APPLICATION_MODELS_ARG: dict(sorted(model.items()))}
+
+
+def serve_args(ms: api.ModelService, model: Model) -> dict[str, Any]:
     """The application's `args`: exactly what `rayship_workloads.serve.ServeArgs` accepts."""
     spec = ms.spec
+    multiplexing = (
+        {"modelCacheSize": spec.model_cache_size or api.DEFAULT_MODEL_CACHE_SIZE} if spec.models else {}
+    )
     return {
-        "modelUri": model_uri,
+        **model_args(ms, model),
+        **multiplexing,
         "routePrefix": spec.route_prefix,
         "maxBatchSize": spec.batching.max_batch_size,
         "batchWaitTimeoutS": spec.batching.batch_wait_timeout_ms / 1000,
@@ -211,14 +358,16 @@ def deployed_model_uri(args: Mapping[str, Any]) -> str | None:
     return uri if isinstance(uri, str) else None
 
 
-def serve_config(ms: api.ModelService, model_uri: str) -> dict[str, Any]:
+def serve_config(ms: api.ModelService, model: Model) -> dict[str, Any]:
     """serveConfigV2 (Ray's ServeDeploySchema) with one application: the built-in model server, Ray Serve
-    LLM's OpenAI app (engine: vllm), or the ModelService's own `application` (given the model's URI as
-    args.modelUri)."""
+    LLM's OpenAI app (engine: vllm, one model), or the ModelService's own `application` (given the
+    model's URI as args.modelUri; with spec.models, the models as args.models, name -> URI)."""
     spec = ms.spec
     app: dict[str, Any] = {"name": ms.metadata.name, "route_prefix": spec.route_prefix}
     if spec.engine == "vllm":
-        app.update(import_path=VLLM_IMPORT_PATH, args=vllm_args(ms, model_uri))
+        if not isinstance(model, str):  # the API refuses engine vllm with spec.models
+            raise ValueError("engine vllm serves one model (spec.model)")
+        app.update(import_path=VLLM_IMPORT_PATH, args=vllm_args(ms, model))
         return {"applications": [app]}
     own = spec.application
     if own is None:
@@ -235,11 +384,11 @@ def serve_config(ms: api.ModelService, model_uri: str) -> dict[str, Any]:
         settings = spec.deployments.get(names.SERVE_DEPLOYMENT)
         app.update(
             import_path=IMPORT_PATH,
-            args=serve_args(ms, model_uri),
+            args=serve_args(ms, model),
             deployments=[_deployment(names.SERVE_DEPLOYMENT, base, settings)],
         )
         return {"applications": [app]}
-    app.update(import_path=own.import_path, args={**own.args, api.APPLICATION_MODEL_ARG: model_uri})
+    app.update(import_path=own.import_path, args={**own.args, **model_args(ms, model)})
     if own.runtime_env is not None and (runtime_env := own.runtime_env.as_ray()):
         app["runtime_env"] = runtime_env
     if spec.deployments:
@@ -247,12 +396,28 @@ def serve_config(ms: api.ModelService, model_uri: str) -> dict[str, Any]:
     return {"applications": [app]}
 
 
+ModelVolumes = api.PvcStorage | tuple[api.PvcStorage, ...] | None  # the models' PVCs
+
+
+def model_volumes(volume: ModelVolumes) -> pods.Volumes:
+    """The models' PVCs as read-only volumes: `model`, then `model-1`, `model-2`... (spec.models)."""
+    given = (volume,) if isinstance(volume, api.PvcStorage) else (volume or ())
+    out: pods.Volumes = ([], [])
+    for i, pvc in enumerate(given):
+        found = pods.pvc_volume(
+            names.MODEL_VOLUME if i == 0 else f"{names.MODEL_VOLUME}-{i}", pvc, read_only=True
+        )
+        out[0].extend(found[0])
+        out[1].extend(found[1])
+    return out
+
+
 def ray_cluster_config(
-    ms: api.ModelService, config: OperatorConfig, volume: api.PvcStorage | None = None
+    ms: api.ModelService, config: OperatorConfig, volume: ModelVolumes = None
 ) -> dict[str, Any]:
-    """The serving cluster; `volume` (the model's PVC) is mounted read-only on every Ray pod."""
+    """The serving cluster; `volume` (the models' PVCs) is mounted read-only on every Ray pod."""
     spec, res = ms.spec, ms.spec.resources
-    volumes = pods.pvc_volume(names.MODEL_VOLUME, volume, read_only=True) if volume else ([], [])
+    volumes = model_volumes(volume)
     image = spec.image or config.default_image
     labels = names.labels("ModelService", ms.metadata.name, "serving")
     ref = pods.object_ref(ms.metadata)
@@ -311,7 +476,7 @@ def ray_cluster_config(
 
 
 def build_rayservice(
-    ms: api.ModelService, config: OperatorConfig, model_uri: str, volume: api.PvcStorage | None = None
+    ms: api.ModelService, config: OperatorConfig, model: Model, volume: ModelVolumes = None
 ) -> dict[str, Any]:
     spec = ms.spec
     metadata: dict[str, Any] = {"name": names.rayservice_name(ms.metadata.name)}
@@ -327,7 +492,7 @@ def build_rayservice(
         "metadata": metadata,
         "spec": {
             "upgradeStrategy": upgrade,
-            "serveConfigV2": yaml.safe_dump(serve_config(ms, model_uri), sort_keys=True),
+            "serveConfigV2": yaml.safe_dump(serve_config(ms, model), sort_keys=True),
             "rayClusterConfig": ray_cluster_config(ms, config, volume),
         },
     }
@@ -346,13 +511,29 @@ def cluster_hash(rayservice_spec: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(relevant).encode()).hexdigest()[:16]
 
 
+def model_annotation(model: Model) -> tuple[str, str]:
+    """The RayService annotation naming what its serveConfigV2 serves (read back for the first
+    deployment's status)."""
+    if isinstance(model, str):
+        return names.ANNOTATION_MODEL, model
+    return names.ANNOTATION_MODELS, canonical_json(dict(sorted(model.items())))
+
+
+def describe(model: Model | None) -> str:
+    """A model, or models as `name=URI, ...`, in a message."""
+    if model is None or isinstance(model, str):
+        return str(model)
+    return ", ".join(f"{name}={uri}" for name, uri in sorted(model.items())) or "no model"
+
+
 def desired_rayservice(
-    ms: api.ModelService, config: OperatorConfig, uri: str, volume: api.PvcStorage | None = None
+    ms: api.ModelService, config: OperatorConfig, model: Model, volume: ModelVolumes = None
 ) -> dict[str, Any]:
-    rayservice = build_rayservice(ms, config, uri, volume)
+    rayservice = build_rayservice(ms, config, model, volume)
+    key, value = model_annotation(model)
     rayservice["metadata"]["annotations"] = {
         names.ANNOTATION_CLUSTER_HASH: cluster_hash(rayservice["spec"]),
-        names.ANNOTATION_MODEL: uri,
+        key: value,
     }
     return rayservice
 
@@ -395,6 +576,14 @@ class ServeState:
     status: str = ""  # RUNNING, DEPLOYING, DEPLOY_FAILED, ...
     model_uri: str | None = None  # the model in the args Serve deploys (`deployed_model_uri`)
     problem: str | None = None  # why it could not be read
+    models: dict[str, str] | None = None  # `args.models` (name -> URI) of the config Serve deploys
+
+    @property
+    def deployed(self) -> dict[str, str] | None:
+        """What the config Serve deploys serves, as a service's models (`ONE` for modelUri)."""
+        if self.models is not None:
+            return self.models
+        return {ONE: self.model_uri} if self.model_uri else None
 
 
 SERVE_APPLICATIONS = "api/serve/applications/"
@@ -407,7 +596,7 @@ def serve_probe(plan_: Plan, rayservice: Mapping[str, Any] | None, config: Opera
     ctx = plan_.context
     if not isinstance(ctx, ServiceContext) or rayservice is None or ctx.blocked is not None:
         return None
-    if ctx.desired_uri is None or ctx.desired_uri == ctx.served:
+    if ctx.desired is None or ctx.desired == ctx.served:
         return None
     active = ((rayservice.get("status") or {}).get("activeServiceStatus") or {}).get("rayClusterName")
     if not active:  # a first deployment: KubeRay makes the cluster active once Serve runs its config
@@ -438,7 +627,9 @@ def serve_state(app: str, code: int, body: str) -> ServeState:
         return ServeState(problem=f"Serve has no application {app}")
     args = (found.get("deployed_app_config") or {}).get("args") or {}
     uri = deployed_model_uri(args) if isinstance(args, Mapping) else None
-    return ServeState(str(found.get("status") or ""), uri)
+    given = args.get(api.APPLICATION_MODELS_ARG) if isinstance(args, Mapping) else None
+    models = {str(k): v for k, v in given.items() if isinstance(v, str)} if isinstance(given, dict) else None
+    return ServeState(str(found.get("status") or ""), uri, models=models)
 
 
 def heard(plan_: Plan, code: int, body: str) -> Plan:
@@ -455,25 +646,41 @@ def heard(plan_: Plan, code: int, body: str) -> Plan:
 class ServiceContext:
     """What `status()` needs from the plan (the `context` of a ModelService `Plan`)."""
 
-    resolution: Resolution | None
+    resolution: Resolved | None
     invalid: str | None
     url: str | None
-    desired_uri: str | None
+    desired: dict[str, str] | None  # the models to serve (ONE: spec.model), None while any is unresolved
     blocked: str | None = None  # a RayService of that name exists and is not ours
     rayservice: str = ""
     incremental: bool = False  # NewClusterWithIncrementalUpgrade: no `<rayservice>-serve-svc`
     application: str = ""  # the Serve application's name
-    served: str | None = None  # status.modelURI as read (the model Serve was last confirmed to serve)
+    # status.modelURI (as {ONE: uri}) or status.models[].uri as read: what Serve was last confirmed to serve
+    served: dict[str, str] = field(default_factory=dict)
     serve: ServeState | None = None  # Serve's own answer, when it was asked (`serve_probe`)
+    multi: bool = False  # spec.models (status.models) rather than spec.model (status.modelURI)
+
+    @property
+    def desired_uri(self) -> str | None:
+        """spec.model's resolved URI."""
+        return (self.desired or {}).get(ONE)
+
+
+def served_models(current: Mapping[str, Any], multi: bool) -> dict[str, str]:
+    """What the status as read says Serve serves: {ONE: modelURI}, or status.models' URIs by name."""
+    if not multi:
+        uri = current.get("modelURI")
+        return {ONE: uri} if isinstance(uri, str) and uri else {}
+    return {n: e["uri"] for n, e in _served_models(current).items() if isinstance(e.get("uri"), str)}
 
 
 def plan(
     modelservice: Mapping[str, Any],
     rayservice: Mapping[str, Any] | None,
-    trainingjob: Mapping[str, Any] | None,
+    trainingjobs: Sequence[Mapping[str, Any]],
     config: OperatorConfig,
 ) -> Plan:
-    """The reconcile's plan; `trainingjob` is the one `model.fromTrainingJob` names, if any."""
+    """The reconcile's plan; `trainingjobs` are those of the TrainingJobs the service names
+    (`referenced_trainingjobs`) that exist."""
     name = names.rayservice_name(modelservice["metadata"]["name"])
     current = modelservice.get("status") or {}
     try:
@@ -481,28 +688,30 @@ def plan(
     except SpecError as err:
         return Plan(name, context=ServiceContext(None, "; ".join(err.problems), None, None))
     assert isinstance(ms, api.ModelService)
-    resolution = resolve_model(ms, trainingjob, current)
-    url = service_url(ms)
-    incremental = ms.spec.upgrade_strategy == "NewClusterWithIncrementalUpgrade"
+    by_name = {str(tj.get("metadata", {}).get("name")): tj for tj in trainingjobs}
+    resolved = resolve(ms, by_name, current)
+    desired_models = resolved.models
+    multi = ms.spec.models is not None
     context = ServiceContext(
-        resolution,
+        resolved,
         None,
-        url,
-        resolution.uri,
-        None,
-        name,
-        incremental,
-        ms.metadata.name,
-        current.get("modelURI"),
+        service_url(ms),
+        desired_models,
+        rayservice=name,
+        incremental=ms.spec.upgrade_strategy == "NewClusterWithIncrementalUpgrade",
+        application=ms.metadata.name,
+        served=served_models(current, multi),
+        multi=multi,
     )
-    if resolution.uri is None:
+    if desired_models is None:
         return Plan(name, context=context)
-    desired = desired_rayservice(ms, config, resolution.uri, resolution.volume)
+    model: Model = desired_models if multi else desired_models[ONE]
+    desired = desired_rayservice(ms, config, model, resolved.volumes)
     if rayservice is not None and (how := ownership(rayservice, modelservice)) != "owned":
         blocked = describe_foreign(rayservice, "RayService", how)
         return Plan(name, context=replace(context, blocked=blocked))
     if rayservice is None:
-        created = Event("Normal", "RayServiceCreated", f"created RayService {name} serving {resolution.uri}")
+        created = Event("Normal", "RayServiceCreated", f"created RayService {name} serving {describe(model)}")
         return Plan(
             name,
             create=desired,
@@ -516,20 +725,22 @@ def plan(
     annotations: dict[str, str] = {}
     if rayservice.get("spec", {}).get("serveConfigV2") != desired["spec"]["serveConfigV2"]:
         spec["serveConfigV2"] = desired["spec"]["serveConfigV2"]
-        annotations[names.ANNOTATION_MODEL] = resolution.uri
+        key, value = model_annotation(model)
+        annotations[key] = value
     if applied.get(names.ANNOTATION_CLUSTER_HASH) != wanted_hash:
         spec.update({k: v for k, v in desired["spec"].items() if k != "serveConfigV2"})
         annotations[names.ANNOTATION_CLUSTER_HASH] = wanted_hash
     if not spec:
         return Plan(name, context=context)
     new_cluster = "rayClusterConfig" in spec
-    what = "new cluster config" if new_cluster else "new model (in-place Serve rollout)"
+    what = "new cluster config" if new_cluster else ("new models" if multi else "new model")
+    what += "" if new_cluster else " (in-place Serve rollout)"
     return Plan(
         name,
         patch={"metadata": {"annotations": annotations}, "spec": spec},
         # a new cluster needs its token Secret (a RayService made before there was one, too)
         prerequisites=(token_secret(ms, config),) if new_cluster else (),
-        on_patch=Event("Normal", "RayServiceUpdated", f"{what}: {resolution.uri}"),
+        on_patch=Event("Normal", "RayServiceUpdated", f"{what}: {describe(model)}"),
         context=context,
     )
 
@@ -649,13 +860,15 @@ def status(
     ]
     res = ctx.resolution
     if res is not None:
-        conditions.append(cond("ModelAvailable", res.uri is not None, res.reason, res.message))
+        conditions.append(cond("ModelAvailable", res.models is not None, res.reason, res.message))
     out: dict[str, Any] = {"observedGeneration": generation, "rayServiceName": plan_.child_name}
-    volume = res.volume.wire() if res and res.volume else current.get("modelVolume")
-    if volume:
-        out["modelVolume"] = volume
+    if not ctx.multi:
+        single = res.each.get(ONE) if res else None
+        volume = single.volume.wire() if single and single.volume else current.get("modelVolume")
+        if volume:
+            out["modelVolume"] = volume
     if rayservice is None:
-        phase = "WaitingForModel" if ctx.desired_uri is None else "Deploying"
+        phase = "WaitingForModel" if ctx.desired is None else "Deploying"
         reason, message = (res.reason, res.message) if res else ("Waiting", "")
         if plan_.rejected is not None:
             phase, reason, message = plan_.rejected
@@ -663,6 +876,7 @@ def status(
             reason, message = "RayServiceNameTaken", ctx.blocked
         conditions.append(cond("Ready", False, reason, message))
         out.update(phase=phase, conditions=conditions, serveEndpoints=0)
+        out.update(_models_status(ctx, current, ctx.served, None) if ctx.multi else NO_MODELS_STATUS)
         return out
     phase, reason, message = serving_phase(rayservice, app)
     stuck = pod_problem(pods)
@@ -670,15 +884,17 @@ def status(
         reason, message = stuck[0], f"{message}: {stuck[1]}"
     st = rayservice.get("status") or {}
     up_to_date = st.get("observedGeneration") == rayservice.get("metadata", {}).get("generation")
-    deployed_uri = (rayservice.get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_MODEL)
-    served = current.get("modelURI")
+    served = dict(ctx.served)
     serve = ctx.serve
-    if serve is not None:  # a rollout in flight: only Serve's own word moves modelURI
-        if serve.problem is None and serve.status == "RUNNING" and serve.model_uri:
-            served = serve.model_uri
-    elif served is None and phase == "Ready" and up_to_date:
-        served = deployed_uri  # the first config: KubeRay makes a cluster active once Serve runs it
-    target = ctx.desired_uri if ctx.desired_uri and ctx.desired_uri != served else None
+    if serve is not None:  # a rollout in flight: only Serve's own word moves what status says it serves
+        deployed = serve.deployed
+        same_kind = deployed is not None and (ONE in deployed) != ctx.multi  # modelUri vs models
+        if serve.problem is None and serve.status == "RUNNING" and deployed is not None and same_kind:
+            served = deployed
+    elif not served and phase == "Ready" and up_to_date:
+        # the first config: KubeRay makes a cluster active once Serve runs it
+        served = _annotated(rayservice, ctx.multi)
+    target = ctx.desired if ctx.desired is not None and ctx.desired != served else None
     upgrading = find(st, "UpgradeInProgress").get("status") == "True" or target is not None
     conditions.append(cond("Ready", phase == "Ready", reason, message))
     conditions.append(
@@ -686,7 +902,7 @@ def status(
             "Upgrading",
             upgrading,
             "ModelRollout" if target else ("UpgradeInProgress" if upgrading else "UpToDate"),
-            _rollout_message(target, served, serve)
+            _rollout_message(target, served, serve, ctx.multi)
             if target
             else ("a new Ray cluster is being rolled out" if upgrading else "no rollout in progress"),
         )
@@ -696,20 +912,83 @@ def status(
         conditions=conditions,
         # KubeRay counts Ray pods whose Serve proxy is ready; it reports no replica count.
         serveEndpoints=int(st.get("numServeEndpoints") or 0),
-        modelURI=served,
-        targetModelURI=target,
         url=_url(ctx, st) if phase in ("Ready", "Degraded") else current.get("url"),
     )
+    if ctx.multi:
+        out.update(_models_status(ctx, current, served, target))
+    else:
+        out.update(NO_MODELS_STATUS, modelURI=served.get(ONE), targetModelURI=(target or {}).get(ONE))
     return out
 
 
-def _rollout_message(target: str, served: str | None, serve: ServeState | None) -> str:
-    message = f"rolling out {target} (serving {served})"
+NO_MODELS_STATUS: Mapping[str, None] = {"models": None, "modelCount": None}  # spec.model: none of spec.models
+
+
+def _annotated(rayservice: Mapping[str, Any], multi: bool) -> dict[str, str]:
+    """What the RayService's serveConfigV2 serves, from the annotation rayship put beside it."""
+    annotations = rayservice.get("metadata", {}).get("annotations") or {}
+    if not multi:
+        uri = annotations.get(names.ANNOTATION_MODEL)
+        return {ONE: uri} if isinstance(uri, str) and uri else {}
+    try:
+        models = json.loads(annotations.get(names.ANNOTATION_MODELS) or "{}")
+    except ValueError:
+        return {}  # not rayship's writing: nothing is confirmed by it
+    return {str(k): v for k, v in models.items() if isinstance(v, str)} if isinstance(models, dict) else {}
+
+
+def _models_status(
+    ctx: ServiceContext, current: Mapping[str, Any], served: dict[str, str], target: dict[str, str] | None
+) -> dict[str, Any]:
+    """status.models (every model named in the spec or still served, sorted by name: the URI Serve
+    serves, the one rolling out, its PVC), modelCount, and no single-model fields."""
+    stored = _served_models(current)
+    res = ctx.resolution
+    wanted = set(res.each) if res else set()
+    entries: list[dict[str, Any]] = []
+    for name in sorted(wanted | set(served)):
+        entry: dict[str, Any] = {"name": name}
+        if name in served:
+            entry["uri"] = served[name]
+        if target is not None and name in target and target[name] != served.get(name):
+            entry["targetURI"] = target[name]
+        resolution = res.each.get(name) if res else None
+        volume = (
+            resolution.volume.wire()
+            if resolution and resolution.volume
+            else stored.get(name, {}).get("volume")
+        )
+        if volume:
+            entry["volume"] = volume
+        entries.append(entry)
+    return {
+        "models": entries,
+        "modelCount": len(served),
+        "modelURI": None,
+        "targetModelURI": None,
+        "modelVolume": None,
+    }
+
+
+def rolling_out(status: Mapping[str, Any]) -> bool:
+    """Whether a status shows a model rollout in flight (the operator then asks Serve until it ends)."""
+    if status.get("targetModelURI"):
+        return True
+    return any(isinstance(e, Mapping) and e.get("targetURI") for e in status.get("models") or [])
+
+
+def _rollout_message(
+    target: dict[str, str], served: dict[str, str], serve: ServeState | None, multi: bool
+) -> str:
+    def said(models: dict[str, str]) -> str:
+        return describe(models if multi else models.get(ONE))
+
+    message = f"rolling out {said(target)} (serving {said(served)})"
     if serve is None:
         return message
     if serve.problem is not None:
         return f"{message}; not confirmed by Serve yet: {serve.problem}"
-    if serve.model_uri == target:
+    if serve.deployed == target:
         return f"{message}; Serve's application with it is {serve.status or 'starting'}"
     return f"{message}; Serve has not received it yet"
 

@@ -21,9 +21,10 @@ LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 # On a RayJob: the TrainingJob spec it was rendered from (canonical JSON), to tell edits apart.
 ANNOTATION_SPEC = f"{api.GROUP}/applied-spec"
 # On a RayService: a hash of everything but serveConfigV2 (a change needs a new cluster), and the
-# model URI its serveConfigV2 serves.
+# model URI its serveConfigV2 serves (with spec.models: the models, name -> URI, as canonical JSON).
 ANNOTATION_CLUSTER_HASH = f"{api.GROUP}/cluster-config-hash"
 ANNOTATION_MODEL = f"{api.GROUP}/model-uri"
+ANNOTATION_MODELS = f"{api.GROUP}/models"
 # kopf's own bookkeeping (progress, last handled configuration) in annotations with this prefix.
 KOPF_ANNOTATION_PREFIX = api.GROUP
 # kopf's copy of the spec it last handled (its diff base for update handlers), under that prefix.

@@ -16,7 +16,7 @@ import hashlib
 import json
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -278,7 +278,7 @@ def applied_spec(rayjob: Mapping[str, Any]) -> dict[str, Any] | None:
 def plan(
     trainingjob: Mapping[str, Any],
     rayjob: Mapping[str, Any] | None,
-    related: Mapping[str, Any] | None,
+    related: Sequence[Mapping[str, Any]],
     config: OperatorConfig,
 ) -> Plan:
     """The reconcile's plan; its `context` is the `Observation` that `status()` completes."""

@@ -54,6 +54,16 @@ def rendered(path: Path, uri: str = URI) -> dict[str, Any]:
     return modelservice.desired_rayservice(parse(load(path)), CONFIG, uri)
 
 
+def plan(
+    ms: dict[str, Any],
+    rayservice: dict[str, Any] | None,
+    trainingjob: dict[str, Any] | None,
+    config: OperatorConfig,
+):
+    """`modelservice.plan` for a service of one model, given its TrainingJob (None: it does not exist)."""
+    return modelservice.plan(ms, rayservice, [trainingjob] if trainingjob else [], config)
+
+
 def serve_config(rayservice: dict[str, Any]) -> dict[str, Any]:
     return yaml.safe_load(rayservice["spec"]["serveConfigV2"])
 
@@ -227,23 +237,23 @@ def test_best_checkpoint_choice() -> None:
 def test_plan_create_then_rollout_then_cluster_change() -> None:
     ms = load()
     done = tj("Succeeded", model="s3://m/v1")
-    first = modelservice.plan(ms, None, done, CONFIG)
+    first = plan(ms, None, done, CONFIG)
     assert first.create is not None and first.patch is None and first.context.desired_uri == "s3://m/v1"
     stored = adopted(first.create)
-    assert modelservice.plan(ms, stored, done, CONFIG).patch is None  # idempotent
+    assert plan(ms, stored, done, CONFIG).patch is None  # idempotent
 
-    rollout = modelservice.plan(ms, stored, tj("Succeeded", model="s3://m/v2"), CONFIG)
+    rollout = plan(ms, stored, tj("Succeeded", model="s3://m/v2"), CONFIG)
     assert set(rollout.patch["spec"]) == {"serveConfigV2"}  # in place: rayClusterConfig untouched
     assert rollout.patch["metadata"]["annotations"] == {"rayship.dev/model-uri": "s3://m/v2"}
 
     bigger = copy.deepcopy(ms)
     bigger["spec"]["resources"]["memory"] = "32Gi"
-    change = modelservice.plan(bigger, stored, done, CONFIG)
+    change = plan(bigger, stored, done, CONFIG)
     assert "rayClusterConfig" in change.patch["spec"] and "serveConfigV2" not in change.patch["spec"]
 
 
 def test_waiting_plan_creates_nothing() -> None:
-    waiting = modelservice.plan(load(), None, tj("Running"), CONFIG)
+    waiting = plan(load(), None, tj("Running"), CONFIG)
     assert waiting.create is None and waiting.context.desired_uri is None
 
 
@@ -290,7 +300,7 @@ def derive(ms, rayservice, trainingjob, current=None, serve: tuple[int, str] | N
     ms = copy.deepcopy(ms)
     if current:
         ms["status"] = current
-    todo = modelservice.plan(ms, rayservice, trainingjob, CONFIG)
+    todo = plan(ms, rayservice, trainingjob, CONFIG)
     probe = modelservice.serve_probe(todo, rayservice, CONFIG)
     if serve is not None:
         assert probe is not None, "the plan did not ask Serve"
@@ -377,7 +387,7 @@ def test_modeluri_moves_only_on_serves_own_word() -> None:
     assert done["modelURI"] == "s3://m/v2" and done["targetModelURI"] is None
     assert by_type(done)["Upgrading"]["status"] == "False"
     # steady state: nothing to confirm, Serve is not asked
-    todo = modelservice.plan({**ms, "status": done}, kuberay_says_done, new, CONFIG)
+    todo = plan({**ms, "status": done}, kuberay_says_done, new, CONFIG)
     assert modelservice.serve_probe(todo, kuberay_says_done, CONFIG) is None
 
 
@@ -386,7 +396,7 @@ def test_serve_is_asked_through_the_head_service_with_the_derived_token() -> Non
     rs = rayservice_with(True, "RUNNING", uri="s3://m/v2")
     rs["metadata"]["namespace"] = "team-a"
     ready = derive(ms, rayservice_with(True, "RUNNING"), tj("Succeeded", model="s3://m/v1"))
-    todo = modelservice.plan({**ms, "status": ready}, rs, tj("Succeeded", model="s3://m/v2"), CONFIG)
+    todo = plan({**ms, "status": ready}, rs, tj("Succeeded", model="s3://m/v2"), CONFIG)
     probe = modelservice.serve_probe(todo, rs, CONFIG)
     assert probe is not None
     assert (probe.service, probe.path) == ("mlp-head-svc:dashboard", "api/serve/applications/")
@@ -399,7 +409,7 @@ def test_serve_is_asked_through_the_head_service_with_the_derived_token() -> Non
 
 
 def test_the_ray_token_secret_is_made_before_the_rayservice() -> None:
-    todo = modelservice.plan(load(), None, tj("Succeeded", model="s3://m/v1"), CONFIG)
+    todo = plan(load(), None, tj("Succeeded", model="s3://m/v1"), CONFIG)
     assert todo.create is not None
     (secret,) = todo.prerequisites
     name = todo.create["spec"]["rayClusterConfig"]["authOptions"]["secretName"]
@@ -477,7 +487,7 @@ def test_local_serve_resolves_from_a_local_run(tmp_path: Path) -> None:
 
 def test_a_rayservice_that_is_not_ours_is_never_patched_or_mirrored() -> None:
     foreign = adopted(rayservice_with(True, "RUNNING"), {**OWNER, "uid": "someone-else", "name": "other"})
-    todo = modelservice.plan(load(), foreign, tj("Succeeded", model="s3://m/v2"), CONFIG)
+    todo = plan(load(), foreign, tj("Succeeded", model="s3://m/v2"), CONFIG)
     assert todo.create is None and todo.patch is None and "not owned" in todo.context.blocked
     st = modelservice.status(load(), foreign, todo, [], NOW)
     assert st["phase"] == "Deploying" and by_type(st)["Ready"]["reason"] == "RayServiceNameTaken"
@@ -541,23 +551,23 @@ def _mounts(rayservice: dict[str, Any]) -> list[tuple[dict, list]]:
 def test_a_fromtrainingjob_service_mounts_the_jobs_checkpoint_pvc_read_only() -> None:
     job = tj("Succeeded", model="/mnt/checkpoints/default.mlp-ddp/model")
     job["spec"] = {"checkpoint": {"storage": {"pvc": {"claimName": "ckpt", "mountPath": "/mnt/checkpoints"}}}}
-    todo = modelservice.plan(load(), None, job, CONFIG)
+    todo = plan(load(), None, job, CONFIG)
     for volumes, mounts in _mounts(todo.create):  # head (Serve controller) and every replica pod
         assert {"name": "model", "persistentVolumeClaim": {"claimName": "ckpt", "readOnly": True}} in volumes
         assert {"name": "model", "mountPath": "/mnt/checkpoints", "readOnly": True} in mounts
     st = modelservice.status(load(), None, todo, [], NOW)
     assert st["modelVolume"] == {"claimName": "ckpt", "mountPath": "/mnt/checkpoints"}
     # The job deleted: the service keeps the model and the volume it reads it from (no new cluster).
-    kept = modelservice.plan({**load(), "status": st | {"modelURI": job["status"]["checkpoint"]["model"]}},
+    kept = plan({**load(), "status": st | {"modelURI": job["status"]["checkpoint"]["model"]}},
                              adopted(todo.create), None, CONFIG)  # fmt: skip
-    assert kept.patch is None and kept.context.resolution.volume.claim_name == "ckpt"
+    assert kept.patch is None and kept.context.resolution.volumes[0].claim_name == "ckpt"
 
 
 def test_a_uri_service_can_name_the_pvc_that_holds_the_model() -> None:
     ms = load(Path(__file__).parent / "specs" / "modelservice-uri-cpu.yaml")
     ms["spec"]["model"] = {"uri": "/models/mlp"}
     ms["spec"]["storage"] = {"pvc": {"claimName": "models", "mountPath": "/models"}}
-    todo = modelservice.plan(ms, None, None, CONFIG)
+    todo = plan(ms, None, None, CONFIG)
     for volumes, mounts in _mounts(todo.create):
         assert {
             "name": "model",

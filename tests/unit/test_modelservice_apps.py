@@ -253,6 +253,10 @@ def test_vllm_waits_for_a_language_model() -> None:
             "max_model_len: set by vllm.maxModelLen; remove it from engineArgs",
         ),
         ({"vllm": {"gpuMemoryUtilization": 1.5}}, "spec.vllm.gpuMemoryUtilization"),
+        (
+            {"model": None, "models": {"a": {"uri": URI}, "b": {"uri": URI}}},
+            "models: engine vllm serves one model per ModelService",
+        ),
     ],
 )
 def test_vllm_bad_input_is_one_line(

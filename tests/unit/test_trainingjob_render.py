@@ -295,4 +295,4 @@ def test_no_env_value_travels_in_the_entrypoint_or_the_annotation() -> None:
     edited = copy.deepcopy(doc)
     edited["spec"]["env"][0]["value"] = "another"
     edited["metadata"]["uid"] = "u"
-    assert trainingjob.plan(edited, rayjob, None, CONFIG).context.unapplied == ("env",)
+    assert trainingjob.plan(edited, rayjob, [], CONFIG).context.unapplied == ("env",)

@@ -380,6 +380,27 @@ def demo(
         print("shut down: Serve and local Ray stopped", flush=True)
 
 
+def resolve_source(source: api.ModelSource, field: str, *, runs_dir: Path = RUNS_DIR) -> str:
+    """One model on this machine: its `uri`, or the export of a local `rayship run`; `field` names it
+    in errors (spec.model, spec.models.<name>)."""
+    if source.uri:
+        return source.uri
+    ref = source.from_training_job
+    if ref is None:  # the API requires exactly one of uri and fromTrainingJob
+        raise FileNotFoundError(f"{field}: set uri or fromTrainingJob")
+    result_file = (runs_dir / ref.name / "result.json").resolve()
+    if not result_file.is_file():
+        raise FileNotFoundError(
+            f"{field}.fromTrainingJob: TrainingJob {ref.name} has no local run ({result_file} is missing); "
+            "train it first with `rayship run -f <its yaml>`"
+        )
+    key = "model" if ref.checkpoint == "latest" else "bestModel"
+    uri = json.loads(result_file.read_text()).get(key)
+    if not uri:
+        raise FileNotFoundError(f"{field}.fromTrainingJob: the local run of {ref.name} exported no {key}")
+    return str(uri)
+
+
 def resolve_model(ms: api.ModelService | Mapping[str, Any], *, runs_dir: Path = RUNS_DIR) -> str:
     """A ModelService's model on this machine: `model.uri`, or the export of a local `rayship run`.
     `ms` is the model, or a document with at least `spec.model`."""
@@ -388,19 +409,16 @@ def resolve_model(ms: api.ModelService | Mapping[str, Any], *, runs_dir: Path = 
         if isinstance(ms, api.ModelService)
         else api.ModelSource.model_validate(ms["spec"]["model"])
     )
-    if source.uri:
-        return source.uri
-    ref = source.from_training_job
-    if ref is None:  # the API requires exactly one of uri and fromTrainingJob
-        raise FileNotFoundError("spec.model: set uri or fromTrainingJob")
-    result_file = (runs_dir / ref.name / "result.json").resolve()
-    if not result_file.is_file():
-        raise FileNotFoundError(
-            f"spec.model.fromTrainingJob: TrainingJob {ref.name} has no local run ({result_file} is missing); "
-            "train it first with `rayship run -f <its yaml>`"
-        )
-    key = "model" if ref.checkpoint == "latest" else "bestModel"
-    uri = json.loads(result_file.read_text()).get(key)
-    if not uri:
-        raise FileNotFoundError(f"spec.model.fromTrainingJob: the local run of {ref.name} exported no {key}")
-    return str(uri)
+    if source is None:
+        raise FileNotFoundError("spec.model: not set (this service serves spec.models)")
+    return resolve_source(source, "spec.model", runs_dir=runs_dir)
+
+
+def resolve_models(ms: api.ModelService, *, runs_dir: Path = RUNS_DIR) -> str | dict[str, str]:
+    """What a ModelService serves on this machine: spec.model's URI, or spec.models' (name -> URI)."""
+    if ms.spec.models is None:
+        return resolve_model(ms, runs_dir=runs_dir)
+    return {
+        name: resolve_source(source, f"spec.models.{name}", runs_dir=runs_dir)
+        for name, source in sorted(ms.spec.models.items())
+    }

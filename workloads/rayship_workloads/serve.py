@@ -56,6 +56,7 @@ from ray.serve import Application
 from ray.serve.deployment import Deployment
 
 from rayship import modelservice, names
+from rayship.api import DEFAULT_MODEL_CACHE_SIZE
 from rayship_workloads import llm, models, recipes
 from rayship_workloads.llm import RequestError
 
@@ -97,7 +98,9 @@ class ServeArgs(BaseModel):
         min_length=1,
         description="The name of modelUri's model in OpenAI requests and /v1/models (`models` are named by their keys).",
     )
-    model_cache_size: int = Field(3, ge=1, description="With `models`: most models loaded per replica (LRU).")
+    model_cache_size: int = Field(
+        DEFAULT_MODEL_CACHE_SIZE, ge=1, description="With `models`: most models loaded per replica (LRU)."
+    )
     route_prefix: str = Field(
         "/",
         description="Where the application is mounted. `serve_locally` passes it to serve.run; in serveConfigV2 "

@@ -19,7 +19,7 @@ from typing import Any
 
 from rayship import api, modelservice
 from rayship_workloads import local, models, recipes, storage
-from rayship_workloads.serve import routes
+from rayship_workloads.serve import MULTIPLEXED_MODEL_HEADER, routes
 
 DEPLOY_TIMEOUT_S = 300.0
 LOCAL_MAX_CPUS_PER_REPLICA = 1.0
@@ -53,17 +53,27 @@ def localize(config: dict[str, Any], *, has_gpu: bool) -> list[str]:
     return sorted(changes)
 
 
-def hint(ms: api.ModelService, url: str, model_uri: str) -> str:
-    """The startup line: where it serves, and the routes this kind of model really has."""
+def _kinds(model: modelservice.Model) -> set[str]:
+    """The data kinds of the models (reading each manifest: a wrong URI fails here, not in a replica)."""
+    uris = [model] if isinstance(model, str) else list(model.values())
+    return {recipes.get(models.read_manifest(storage.fetch_dir(uri))["recipe"]).data_kind for uri in uris}
+
+
+def hint(ms: api.ModelService, url: str, model: modelservice.Model) -> str:
+    """The startup line: where it serves, and the routes these kinds of model really have (with
+    spec.models: the models, picked by the serve_multiplexed_model_id header)."""
     own = ms.spec.application
     if own is not None:
-        return f"serving {own.import_path} (model {model_uri}) at {url}"
-    manifest = models.read_manifest(storage.fetch_dir(model_uri))
-    kind = recipes.get(manifest["recipe"]).data_kind
+        return f"serving {own.import_path} (model {modelservice.describe(model)}) at {url}"
     listed = ", ".join(
-        f"{method} {url.rstrip('/')}{path}" for method, path in (r.split() for r in routes({kind}))
+        f"{method} {url.rstrip('/')}{path}" for method, path in (r.split() for r in routes(_kinds(model)))
     )
-    return f"serving {model_uri} at {url}  ({listed})"
+    if isinstance(model, str):
+        return f"serving {model} at {url}  ({listed})"
+    return (
+        f"serving models {modelservice.describe(model)} at {url}  ({listed}; the {MULTIPLEXED_MODEL_HEADER} "
+        "header names the model)"
+    )
 
 
 def _wait_running(name: str, timeout_s: float) -> None:
@@ -84,23 +94,23 @@ def _wait_running(name: str, timeout_s: float) -> None:
 
 def serve(
     ms: api.ModelService,
-    model_uri: str,
+    model: modelservice.Model,
     *,
     base_dir: Path,
     port: int,
     block: bool = True,
     timeout_s: float = DEPLOY_TIMEOUT_S,
 ) -> str:
-    """Deploy `ms` serving `model_uri` on local Ray at 127.0.0.1:`port`; with `block`, until Ctrl-C.
-    Returns the base URL."""
+    """Deploy `ms` serving `model` (its URI, or with spec.models name -> URI) on local Ray at
+    127.0.0.1:`port`; with `block`, until Ctrl-C. Returns the base URL."""
     import torch
     from ray import serve as ray_serve
     from ray.serve._private.api import serve_start  # what `serve run config.yaml` deploys with
     from ray.serve.schema import ServeDeploySchema
 
     if ms.spec.application is None:
-        models.read_manifest(storage.fetch_dir(model_uri))  # a wrong URI fails here, not inside a replica
-    config = modelservice.serve_config(ms, model_uri)
+        _kinds(model)  # a wrong URI fails here, not inside a replica
+    config = modelservice.serve_config(ms, model)
     changes = localize(config, has_gpu=torch.cuda.is_available())
     scratch = Path(tempfile.mkdtemp(prefix="rayship-serve-"))
     try:
@@ -116,7 +126,7 @@ def serve(
         client.deploy_apps(schema)
         _wait_running(app["name"], timeout_s)
         url = f"http://127.0.0.1:{port}{'' if app['route_prefix'] == '/' else app['route_prefix']}"
-        print(hint(ms, url, model_uri), flush=True)
+        print(hint(ms, url, model), flush=True)
         if block:
             try:
                 threading.Event().wait()
