@@ -261,6 +261,25 @@ class DeepSpeedSpec(ApiModel):
     precision: Literal["fp32", "fp16", "bf16"] = Field("bf16", description="Training precision.")
 
 
+class FsdpSpec(ApiModel):
+    """PyTorch FSDP2 settings (only with strategy: fsdp): parameters, gradients and optimizer state
+    sharded across the workers (`torch.distributed.fsdp.fully_shard`)."""
+
+    precision: Literal["fp32", "fp16", "bf16"] = Field(
+        "bf16",
+        description="Compute precision of parameters in forward and backward (gradients are reduced and "
+        "the optimizer steps in fp32; `rayship run` on CPUs trains fp16 as fp32).",
+    )
+    reshard_after_forward: bool = Field(
+        True,
+        description="Free the gathered parameters after forward and gather them again for backward (less "
+        "memory, like ZeRO-3); false keeps them until backward (like ZeRO-2).",
+    )
+    offload_params: bool = Field(
+        False, description="Keep the sharded parameters, gradients and optimizer state in CPU memory."
+    )
+
+
 # Keys of every loop's config that come from the trainer's fields (loop key -> trainer field).
 LOOP_HYPERPARAMETERS = {
     "lr": "learningRate",
@@ -286,6 +305,10 @@ class TrainerSpec(ApiModel):
             "!has(self.deepspeed) || self.strategy == 'deepspeed'",
             "deepspeed settings need strategy: deepspeed (or remove trainer.deepspeed)",
         ),
+        CelRule(
+            "!has(self.fsdp) || self.strategy == 'fsdp'",
+            "fsdp settings need strategy: fsdp (or remove trainer.fsdp)",
+        ),
     )
     recipe: Literal["mlp", "causal-lm"] | None = Field(
         None, description="Built-in recipe: mlp (tabular) or causal-lm (Hugging Face causal LM)."
@@ -295,10 +318,13 @@ class TrainerSpec(ApiModel):
         pattern=ENTRYPOINT_PATTERN,
         description="Bring-your-own train_loop_per_worker as module:function, importable in the image.",
     )
-    strategy: Literal["ddp", "deepspeed"] = Field(
-        "ddp", description="ddp (PyTorch DistributedDataParallel) or deepspeed (ZeRO)."
+    strategy: Literal["ddp", "deepspeed", "fsdp"] = Field(
+        "ddp",
+        description="ddp (PyTorch DistributedDataParallel), deepspeed (ZeRO) or fsdp (PyTorch FSDP2, "
+        "sharded checkpoints).",
     )
     deepspeed: DeepSpeedSpec | None = Field(None, description="DeepSpeed ZeRO settings.")
+    fsdp: FsdpSpec | None = Field(None, description="PyTorch FSDP2 settings.")
     epochs: int = Field(10, ge=1, le=100_000, description="Number of passes over the training data.")
     batch_size_per_worker: int = Field(64, ge=1, le=1_000_000, description="Batch size on each worker.")
     learning_rate: float = Field(1e-3, gt=0, le=10, description="Optimizer learning rate.")
@@ -318,6 +344,11 @@ class TrainerSpec(ApiModel):
                 f"config.engine: {engine!r} is not an engine of "
                 f"{'recipe ' + self.recipe if self.recipe else 'an own loop'}; causal-lm runs on "
                 f"{' or '.join(CAUSAL_LM_ENGINES)} (or remove config.engine)"
+            )
+        if engine == "hf-trainer" and self.strategy == "fsdp":
+            raise ValueError(
+                "strategy: fsdp runs on the causal-lm recipe's own loop, not on config.engine hf-trainer; "
+                "remove config.engine (or use strategy ddp or deepspeed)"
             )
         taken = [k for k in LOOP_HYPERPARAMETERS if k in self.config]
         if taken:

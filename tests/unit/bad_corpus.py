@@ -53,7 +53,13 @@ SPEC_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
         _all(_delete("spec.trainer.recipe"), _set("spec.trainer.entrypoint", "no-colon")),
         "spec.trainer.entrypoint",
     ),
-    ("bad-strategy", _set("spec.trainer.strategy", "fsdp"), "spec.trainer.strategy"),
+    ("bad-strategy", _set("spec.trainer.strategy", "horovod"), "spec.trainer.strategy"),
+    ("fsdp-without-strategy", _set("spec.trainer.fsdp", {"precision": "fp32"}), "spec.trainer"),
+    (
+        "fsdp-bad-precision",
+        _all(_set("spec.trainer.strategy", "fsdp"), _set("spec.trainer.fsdp", {"precision": "fp8"})),
+        "spec.trainer.fsdp.precision",
+    ),
     (
         "zero-stage-4",
         _all(_set("spec.trainer.strategy", "deepspeed"), _set("spec.trainer.deepspeed", {"zeroStage": 4})),
@@ -367,6 +373,15 @@ RAYSHIP_ONLY_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
         "engine-unknown",
         _all(_set("spec.trainer.recipe", "causal-lm"), _set("spec.trainer.config", {"engine": "keras"})),
         "config.engine: 'keras' is not an engine of recipe causal-lm; causal-lm runs on loop or hf-trainer",
+    ),
+    (
+        "fsdp-on-hf-trainer",
+        _all(
+            _set("spec.trainer.recipe", "causal-lm"),
+            _set("spec.trainer.strategy", "fsdp"),
+            _set("spec.trainer.config", {"engine": "hf-trainer"}),
+        ),
+        "strategy: fsdp runs on the causal-lm recipe's own loop, not on config.engine hf-trainer",
     ),
     (
         "engine-for-mlp",

@@ -159,6 +159,11 @@ def test_local_mode_says_it_trains_fp16_in_fp32_on_cpu() -> None:
     kept, notice = local.localize(tj, cores=2, has_gpu=True)
     assert kept.spec.trainer.deepspeed is not None and kept.spec.trainer.deepspeed.precision == "fp16"
     assert "fp16" not in notice
+    doc["spec"]["trainer"].update(strategy="fsdp", fsdp={"precision": "fp16"})
+    del doc["spec"]["trainer"]["deepspeed"]
+    changed, notice = local.localize(local.as_trainingjob(doc), cores=2, has_gpu=False)
+    assert changed.spec.trainer.fsdp is not None and changed.spec.trainer.fsdp.precision == "fp32"
+    assert "precision fp16 -> fp32: CPUs do not train in fp16" in notice
 
 
 def test_a_users_own_hugging_face_trainer_loop(ray_session, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from rayship import api
-from rayship_workloads import data, job, models, progress, recipes, train
+from rayship_workloads import data, job, models, progress, recipes, strategies, train
 from tests.conftest import ROOT, SAMPLES
 
 pytestmark = pytest.mark.workloads
@@ -262,6 +262,31 @@ def test_deepspeed_zero(ray_session, tmp_path: Path, deepspeed: dict[str, Any], 
     assert_model_predicts(outcome.model_uri, in_features=8)  # consolidated from the ZeRO shards
 
 
+def test_fsdp_shards_checkpoints_resumes_and_exports(ray_session, tmp_path: Path) -> None:
+    """strategy fsdp (FSDP2 on CPU, bf16 compute): each rank writes its shard of the checkpoint, a
+    second run of the same job resumes from it, and the exported model is the gathered weights."""
+    doc = spec(tmp_path, **{"trainer.strategy": "fsdp", "trainer.epochs": 2, "trainer.fsdp": {}})
+    outcome, metrics = fit(doc, tmp_path)
+    assert losses(metrics)[-1] < losses(metrics)[0], losses(metrics)
+    assert outcome.latest is not None
+    shards = Path(outcome.latest) / strategies.FSDP_DIR
+    assert sorted(p.name for p in shards.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    gathered = strategies.full_state_dict(Path(outcome.latest), "fsdp")
+    model, _ = models.load_model(outcome.model_uri)
+    assert set(gathered) == set(model.state_dict())
+    assert all(torch.equal(gathered[k], v) for k, v in model.state_dict().items())
+    assert_model_predicts(outcome.model_uri, in_features=8)
+    again, _ = fit(spec(tmp_path, **{"trainer.strategy": "fsdp", "trainer.epochs": 3}), tmp_path)
+    assert again.metrics["epoch"] == 3 and again.metrics["resumed_from_epoch"] == 2, again.metrics
+
+
+def test_fsdp_shards_a_hugging_face_model_by_its_blocks() -> None:
+    model = recipes.build_causal_lm(recipes.causal_lm_config({"model_config": {"n_layer": 3}}))
+    units = strategies.fsdp_units(model)
+    assert [type(u).__name__ for u in units] == ["GPT2Block"] * 3
+    assert strategies.fsdp_units(recipes.MLP(8, [16])) == []  # one unit: the whole model
+
+
 def test_synthetic_data_is_seeded(ray_session) -> None:
     a = data.synthetic_tabular(16, 3, seed=1).take_all()
     b = data.synthetic_tabular(16, 3, seed=1).take_all()
@@ -337,7 +362,7 @@ def test_rayship_run_of_a_tuning_spec_runs_the_trials_and_reports_the_best(
     assert manifest["config"]["hidden"] == best["config.hidden"]  # the best trial's model
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "deepspeed"])
+@pytest.mark.parametrize("strategy", ["ddp", "deepspeed", "fsdp"])
 def test_causal_lm_recipe_on_a_tiny_config(ray_session, tmp_path: Path, strategy: str) -> None:
     """A Hugging Face causal LM built from a tiny config (nothing downloaded), byte-level tokens."""
     changes: dict[str, Any] = {

@@ -78,9 +78,10 @@ def localize(tj: api.TrainingJob, *, cores: int, has_gpu: bool) -> tuple[api.Tra
     if workers.replicas > cores:
         workers.replicas = cores
         changes.append(f"capped to {cores} workers (local cores)")
-    deepspeed = local.spec.trainer.deepspeed
-    if deepspeed is not None and deepspeed.precision == "fp16" and not has_gpu:
-        deepspeed.precision = "fp32"
+    trainer = local.spec.trainer
+    precision = trainer.deepspeed if trainer.strategy == "deepspeed" else trainer.fsdp
+    if precision is not None and precision.precision == "fp16" and not has_gpu:
+        precision.precision = "fp32"
         changes.append("precision fp16 -> fp32: CPUs do not train in fp16")
     got = f"{workers.replicas} {'GPU' if workers.gpus_per_worker else 'CPU'} workers"
     return local, f"local run: {asked} requested -> {got}" + (f" ({'; '.join(changes)})" if changes else "")

@@ -1,12 +1,14 @@
-"""Parallel strategies behind one small interface: PyTorch DDP and DeepSpeed ZeRO.
+"""Parallel strategies behind one small interface: PyTorch DDP, DeepSpeed ZeRO and PyTorch FSDP2.
 
 A strategy wraps the model and optimizer, takes a step from a loss, and saves/loads a checkpoint
 directory that resumes training exactly (model + optimizer state). DDP checkpoints are written by
-rank 0; DeepSpeed checkpoints by every rank (each writes its ZeRO shard).
+rank 0; DeepSpeed and FSDP checkpoints by every rank (each writes its shard: ZeRO's files, or
+`torch.distributed.checkpoint`'s `__<rank>_0.distcp` beside rank 0's `.metadata`).
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -17,6 +19,7 @@ from rayship import api
 
 DDP_STATE = "state.pt"
 DS_TAG = "ds"
+FSDP_DIR = "fsdp"  # torch.distributed.checkpoint's sharded model + optimizer state
 
 
 class Strategy(Protocol):
@@ -128,10 +131,87 @@ class DeepSpeedStrategy:
         set_learning_rate(self.optimizer, lr)
 
 
+def fsdp_units(model: nn.Module) -> list[nn.Module]:
+    """The submodules FSDP shards as units of their own before the root (each gathers its parameters
+    only while it runs): a Hugging Face model's `_no_split_modules` (its transformer blocks); none for
+    other models (one unit: the whole model)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if m is not model and type(m).__name__ in names]
+
+
+class FSDPStrategy:
+    """PyTorch FSDP2 (`fully_shard` on a 1-D device mesh of all workers): parameters, gradients and
+    optimizer state sharded; sharded checkpoints with `torch.distributed.checkpoint`. (Ray Train's
+    `prepare_model(parallel_strategy="fsdp")` is FSDP1, which needs a GPU.)"""
+
+    name = "fsdp"
+    dtype = torch.float32  # inputs: FSDP casts them to the compute precision itself
+
+    def __init__(self, model: nn.Module, trainer: api.TrainerSpec):
+        import ray.train.torch
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        settings = trainer.fsdp or api.FsdpSpec()
+        device = ray.train.torch.get_device()
+        mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+        options: dict[str, Any] = {
+            "mesh": mesh,
+            "reshard_after_forward": settings.reshard_after_forward,
+            "mp_policy": MixedPrecisionPolicy(
+                param_dtype=PRECISION[settings.precision], reduce_dtype=torch.float32
+            ),
+        }
+        if settings.offload_params:
+            options["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
+        else:
+            model.to(device)
+        for unit in fsdp_units(model):
+            fully_shard(unit, **options)
+        fully_shard(model, **options)  # in place: the model's class becomes its FSDP subclass
+        self.model: nn.Module = model
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=trainer.learning_rate)
+
+    @property
+    def module(self) -> nn.Module:
+        return self.model
+
+    def step(self, loss: torch.Tensor) -> None:
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+
+    def _state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optimizer": optimizer}
+
+    def save(self, directory: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._state(), checkpoint_id=str(directory / FSDP_DIR))  # collective: each rank its shard
+
+    def load(self, directory: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._state()
+        dcp.load(state, checkpoint_id=str(directory / FSDP_DIR))  # into the shards this rank holds
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        )
+
+    def set_learning_rate(self, lr: float) -> None:
+        set_learning_rate(self.optimizer, lr)
+
+
 def create(trainer: api.TrainerSpec, model: nn.Module) -> Strategy:
     """`trainer.strategy` around `model`."""
     if trainer.strategy == "deepspeed":
         return DeepSpeedStrategy(model, trainer)
+    if trainer.strategy == "fsdp":
+        return FSDPStrategy(model, trainer)
     return DDPStrategy(model, trainer.learning_rate)
 
 
@@ -144,7 +224,28 @@ def full_state_dict(checkpoint_dir: Path, strategy: str) -> dict[str, torch.Tens
             str(checkpoint_dir), tag=DS_TAG
         )
         return state
+    if strategy == "fsdp":
+        return fsdp_full_state_dict(checkpoint_dir / FSDP_DIR)
     saved: dict[str, dict[str, torch.Tensor]] = torch.load(
         checkpoint_dir / DDP_STATE, map_location="cpu", weights_only=True
     )
     return saved["model"]
+
+
+def fsdp_full_state_dict(sharded: Path) -> dict[str, torch.Tensor]:
+    """The model's weights gathered from an FSDP sharded checkpoint, in one process without a process
+    group (`torch.distributed.checkpoint`'s no-distributed load), as fp32 tensors."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = dcp.FileSystemReader(str(sharded)).read_metadata()
+    prefix = "model."
+    state: dict[str, Any] = {
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in metadata.state_dict_metadata.items()
+        if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)
+    }
+    with warnings.catch_warnings():  # no_dist is the point here, not a misconfiguration
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(sharded), no_dist=True)
+    return {key.removeprefix(prefix): tensor.float() for key, tensor in state.items()}
