@@ -46,6 +46,7 @@ def local_environment() -> None:
     """Ray settings for a single-machine cluster (Ray 2.60 turns token auth on by default)."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault(TRAIN_POLL_ENV, LOCAL_TRAIN_POLL_S)  # read when a run starts, in this process
     # the train loop's print() lines as written: each one (not "[repeated 8x]"), without color codes
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("RAY_COLOR_PREFIX", "0")
@@ -99,7 +100,6 @@ def init_ray(workers: int, runtime_env: dict[str, Any] | None = None) -> dict[st
     import ray
 
     local_environment()
-    os.environ.setdefault(TRAIN_POLL_ENV, LOCAL_TRAIN_POLL_S)  # read when a run starts, in this process
     import ray.data
 
     ray.data.DataContext.get_current().enable_progress_bars = False  # our progress lines say enough
