@@ -280,6 +280,57 @@ class FsdpSpec(ApiModel):
     )
 
 
+class EarlyStoppingSpec(ApiModel):
+    """Stop training when the job's metric (checkpoint.metric/mode: by default evalLoss with
+    data.validation, else loss) has not improved for `patience` epochs."""
+
+    patience: int = Field(
+        ..., ge=1, le=100_000, description="Epochs in a row without an improvement before training stops."
+    )
+    min_delta: float = Field(
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="How much the metric must improve on its best so far to count as an improvement.",
+    )
+
+
+class MlflowTracking(ApiModel):
+    """MLflow experiment tracking: one MLflow run per TrainingJob (found again by its `rayship.uid`
+    tag, so a retried or resumed job goes on logging to it; one run per trial with spec.tuning), with
+    the trainer's settings as params, every epoch's metrics, and the checkpoint and model URIs."""
+
+    cel_rules: ClassVar = (
+        CelRule(
+            "has(self.trackingUri)",
+            "tracking.mlflow.trackingUri is required in a cluster (http(s)://your-mlflow-server); "
+            "`rayship run` without it keeps a SQLite store beside the run",
+            cluster_only=True,
+        ),
+    )
+    tracking_uri: str | None = Field(
+        None,
+        min_length=1,
+        max_length=2048,
+        pattern=r"^(https?|file|sqlite|databricks)://.*",
+        description="The MLflow tracking server (http(s)://...). Credentials by reference: spec.env from a "
+        "Secret (MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD). "
+        "`rayship run` without it: a SQLite store under ./rayship-runs (mlflow.db).",
+    )
+    experiment: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="MLflow experiment (created if missing); default: rayship-<namespace>.",
+    )
+
+
+class TrackingSpec(ApiModel):
+    """Experiment tracking."""
+
+    mlflow: MlflowTracking | None = Field(None, description="Log params, metrics and the model to MLflow.")
+
+
 # Keys of every loop's config that come from the trainer's fields (loop key -> trainer field).
 LOOP_HYPERPARAMETERS = {
     "lr": "learningRate",
@@ -291,6 +342,42 @@ LOOP_HYPERPARAMETERS = {
 
 # trainer.config.engine of the causal-lm recipe: its own loop, or the Hugging Face Trainer.
 CAUSAL_LM_ENGINES = ("loop", "hf-trainer")
+
+# The causal-lm recipe's model without `trainer.config.model_path`: this Hugging Face config, updated
+# by `trainer.config.model_config`, on byte tokens (UTF-8 bytes 0-255, 256 = beginning and end of
+# text, 257 = padding; the exported model carries them as a Hugging Face tokenizer).
+BYTE_EOS, BYTE_PAD, BYTE_VOCAB = 256, 257, 260
+CAUSAL_LM_MODEL_CONFIG: dict[str, Any] = {
+    "model_type": "gpt2",
+    "n_layer": 2,
+    "n_head": 2,
+    "n_embd": 32,
+    "n_positions": 128,
+    "vocab_size": BYTE_VOCAB,
+    "bos_token_id": BYTE_EOS,
+    "eos_token_id": BYTE_EOS,
+    "pad_token_id": BYTE_PAD,
+}
+CAUSAL_LM_MAX_LENGTH = 64  # trainer.config.max_length's default: tokens per training sequence
+
+
+def causal_lm_positions(config: dict[str, Any]) -> tuple[int, str] | None:
+    """(positions, the trainer.config key that sets them) of the causal-lm model a `trainer.config`
+    builds from a config; None for `model_path` (known when it loads) or a size the config leaves to
+    Hugging Face's defaults."""
+    if config.get("model_path"):
+        return None
+    own = config.get("model_config")
+    own = own if isinstance(own, dict) else {}
+    merged = {**CAUSAL_LM_MODEL_CONFIG, **own}
+    keys = ("n_positions", "max_position_embeddings", "n_ctx")
+    if merged.get("model_type") != "gpt2":
+        merged = own  # another architecture: only what the config says
+    for key in keys:
+        value = merged.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value, f"config.model_config.{key}"
+    return None
 
 
 class TrainerSpec(ApiModel):
@@ -309,6 +396,11 @@ class TrainerSpec(ApiModel):
             "!has(self.fsdp) || self.strategy == 'fsdp'",
             "fsdp settings need strategy: fsdp (or remove trainer.fsdp)",
         ),
+        CelRule(
+            "!has(self.earlyStopping) || has(self.recipe)",
+            "earlyStopping applies to the built-in recipes; an own loop (entrypoint) stops when it returns: "
+            "remove trainer.earlyStopping",
+        ),
     )
     recipe: Literal["mlp", "causal-lm"] | None = Field(
         None, description="Built-in recipe: mlp (tabular) or causal-lm (Hugging Face causal LM)."
@@ -325,6 +417,11 @@ class TrainerSpec(ApiModel):
     )
     deepspeed: DeepSpeedSpec | None = Field(None, description="DeepSpeed ZeRO settings.")
     fsdp: FsdpSpec | None = Field(None, description="PyTorch FSDP2 settings.")
+    early_stopping: EarlyStoppingSpec | None = Field(
+        None,
+        description="Stop before `epochs` when the job's metric stops improving (built-in recipes; the "
+        "last epoch's checkpoint and model are kept as usual).",
+    )
     epochs: int = Field(10, ge=1, le=100_000, description="Number of passes over the training data.")
     batch_size_per_worker: int = Field(64, ge=1, le=1_000_000, description="Batch size on each worker.")
     learning_rate: float = Field(1e-3, gt=0, le=10, description="Optimizer learning rate.")
@@ -350,6 +447,8 @@ class TrainerSpec(ApiModel):
                 "strategy: fsdp runs on the causal-lm recipe's own loop, not on config.engine hf-trainer; "
                 "remove config.engine (or use strategy ddp or deepspeed)"
             )
+        if self.recipe == "causal-lm":
+            self._check_max_length()
         taken = [k for k in LOOP_HYPERPARAMETERS if k in self.config]
         if taken:
             field = LOOP_HYPERPARAMETERS[taken[0]]
@@ -358,6 +457,20 @@ class TrainerSpec(ApiModel):
                 f"batch_size and epochs in its config); set trainer.{field} instead"
             )
         return self
+
+    def _check_max_length(self) -> None:
+        """causal-lm's `config.max_length` (tokens per sequence) fits the model's positions: a longer
+        sequence fails in the model's position embedding, after the cluster has started."""
+        max_length = self.config.get("max_length", CAUSAL_LM_MAX_LENGTH)
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+            raise ValueError(f"config.max_length: {max_length!r} is not a whole number of tokens >= 2")
+        known = causal_lm_positions(self.config)
+        if known is not None and max_length > known[0]:
+            positions, key = known
+            raise ValueError(
+                f"config.max_length: {max_length} tokens do not fit the model's {positions} positions "
+                f"({key}); set max_length <= {positions} (or raise {key.removeprefix('config.')})"
+            )
 
 
 DATA_FORMATS = Literal["parquet", "csv", "jsonl"]
@@ -833,6 +946,7 @@ class TrainingJobSpec(ApiModel):
     runtime_env: RuntimeEnvSpec | None = Field(
         None, description="Ship your code and packages with the job (Ray runtime environment)."
     )
+    tracking: TrackingSpec | None = Field(None, description="Experiment tracking (MLflow).")
 
     @model_validator(mode="after")
     def _fits_in_the_rayjob(self) -> TrainingJobSpec:
@@ -879,6 +993,11 @@ class ProgressStatus(ApiModel):
         ge=1,
         description="This attempt resumed from the checkpoint of this epoch (after a retry, a restarted "
         "Ray head or a resubmitted job); absent when it started from scratch.",
+    )
+    stopped_early: bool | None = Field(
+        None,
+        description="Training stopped at `epoch`, before trainer.epochs: the metric had not improved for "
+        "trainer.earlyStopping.patience epochs.",
     )
 
 

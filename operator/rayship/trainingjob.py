@@ -60,6 +60,9 @@ def workload_document(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, 
     meta = {"name": tj.metadata.name}
     if tj.metadata.namespace:
         meta["namespace"] = tj.metadata.namespace
+    uid = (tj.metadata.model_extra or {}).get("uid")
+    if uid:
+        meta["uid"] = str(uid)  # the job's identity where it is tracked (spec.tracking)
     spec = resolved_spec(tj, config)
     spec.pop("env", None)
     return {"apiVersion": api.API_VERSION, "kind": "TrainingJob", "metadata": meta, "spec": spec}

@@ -55,6 +55,31 @@ SPEC_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
     ),
     ("bad-strategy", _set("spec.trainer.strategy", "horovod"), "spec.trainer.strategy"),
     ("fsdp-without-strategy", _set("spec.trainer.fsdp", {"precision": "fp32"}), "spec.trainer"),
+    ("mlflow-without-tracking-uri", _set("spec.tracking", {"mlflow": {}}), "spec.tracking.mlflow"),
+    (
+        "mlflow-bad-tracking-uri",
+        _set("spec.tracking", {"mlflow": {"trackingUri": "mlflow.example:5000"}}),
+        "spec.tracking.mlflow.trackingUri",
+    ),
+    (
+        "early-stopping-on-own-loop",
+        _all(
+            _delete("spec.trainer.recipe"),
+            _set("spec.trainer.entrypoint", "pkg.mod:loop"),
+            _set("spec.trainer.earlyStopping", {"patience": 2}),
+        ),
+        "spec.trainer",
+    ),
+    (
+        "early-stopping-no-patience",
+        _set("spec.trainer.earlyStopping", {}),
+        "spec.trainer.earlyStopping.patience",
+    ),
+    (
+        "early-stopping-negative-delta",
+        _set("spec.trainer.earlyStopping", {"patience": 1, "minDelta": -0.1}),
+        "spec.trainer.earlyStopping.minDelta",
+    ),
     (
         "fsdp-bad-precision",
         _all(_set("spec.trainer.strategy", "fsdp"), _set("spec.trainer.fsdp", {"precision": "fp8"})),
@@ -382,6 +407,24 @@ RAYSHIP_ONLY_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
             _set("spec.trainer.config", {"engine": "hf-trainer"}),
         ),
         "strategy: fsdp runs on the causal-lm recipe's own loop, not on config.engine hf-trainer",
+    ),
+    (
+        "max-length-past-positions",
+        _all(_set("spec.trainer.recipe", "causal-lm"), _set("spec.trainer.config", {"max_length": 512})),
+        "config.max_length: 512 tokens do not fit the model's 128 positions (config.model_config.n_positions)",
+    ),
+    (
+        "max-length-past-own-positions",
+        _all(
+            _set("spec.trainer.recipe", "causal-lm"),
+            _set("spec.trainer.config", {"max_length": 40, "model_config": {"n_positions": 32}}),
+        ),
+        "config.max_length: 40 tokens do not fit the model's 32 positions (config.model_config.n_positions)",
+    ),
+    (
+        "max-length-not-a-number",
+        _all(_set("spec.trainer.recipe", "causal-lm"), _set("spec.trainer.config", {"max_length": "long"})),
+        "config.max_length: 'long' is not a whole number of tokens >= 2",
     ),
     (
         "engine-for-mlp",

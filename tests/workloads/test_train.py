@@ -18,8 +18,8 @@ import pytest
 import torch
 import yaml
 
-from rayship import api
-from rayship_workloads import data, job, models, progress, recipes, strategies, train
+from rayship import api, validation
+from rayship_workloads import data, job, models, progress, recipes, strategies, tracking, train
 from tests.conftest import ROOT, SAMPLES
 
 pytestmark = pytest.mark.workloads
@@ -331,6 +331,7 @@ def test_rayship_run_of_a_tuning_spec_runs_the_trials_and_reports_the_best(
             "config.hidden": {"distribution": "grid", "values": [[16], [32, 32]]},
         },
     )
+    s["tracking"] = {"mlflow": {}}  # each trial an MLflow run (Ray Tune's MLflow logger), SQLite locally
     path, runs = tmp_path / "tuning.yaml", tmp_path / "runs"
     path.write_text(yaml.safe_dump(doc))
     assert cli.main(["run", "-f", str(path), "--runs-dir", str(runs)]) == 0
@@ -361,6 +362,15 @@ def test_rayship_run_of_a_tuning_spec_runs_the_trials_and_reports_the_best(
     _, manifest = models.load_model(result["model"])
     assert manifest["config"]["hidden"] == best["config.hidden"]  # the best trial's model
 
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{(run_dir / 'checkpoints').resolve() / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("rayship-default")
+    assert experiment is not None
+    tracked = client.search_runs([experiment.experiment_id])
+    assert len(tracked) == 2 and {r.data.tags[tracking.TRAININGJOB_TAG] for r in tracked} == {"mlp-tuning"}
+    assert all(client.get_metric_history(r.info.run_id, "loss") for r in tracked)
+
 
 @pytest.mark.parametrize("strategy", ["ddp", "deepspeed", "fsdp"])
 def test_causal_lm_recipe_on_a_tiny_config(ray_session, tmp_path: Path, strategy: str) -> None:
@@ -385,11 +395,119 @@ def test_causal_lm_recipe_on_a_tiny_config(ray_session, tmp_path: Path, strategy
     assert last["perplexity"] == pytest.approx(math.exp(last["evalLoss"]))  # the same on every rank
     assert outcome.model_uri is not None
     model, manifest = models.load_model(outcome.model_uri)
-    assert manifest["recipe"] == "causal-lm" and manifest["tokenizer"] == "bytes"
+    assert manifest["recipe"] == "causal-lm" and manifest["tokenizer"] == "pretrained"
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(outcome.model_uri, local_files_only=True)
+    assert tokenizer.decode(tokenizer.encode("the ray ")) == "the ray "
     prompt = torch.tensor([list(b"the ray ")])
     with torch.no_grad():
         logits = model(input_ids=prompt).logits
     assert logits.shape == (1, prompt.shape[1], 260) and torch.isfinite(logits).all()
+
+
+def test_the_byte_tokenizer_is_a_hugging_face_tokenizer_of_the_training_tokens(tmp_path: Path) -> None:
+    """The exported causal-lm carries its byte tokens as a tokenizer AutoTokenizer loads: the ids
+    training used (UTF-8 bytes, then end of text), text back from them, special ids in the vocabulary
+    and in the model's config."""
+    from transformers import AutoTokenizer
+
+    recipes.byte_tokenizer().save_pretrained(str(tmp_path))
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
+    text = "héllo, ray 🚀\n  two  spaces"
+    ids = tokenizer.encode(text)
+    assert ids == list(text.encode("utf-8")) and tokenizer.decode(ids) == text
+    trained = recipes.Tokens(recipes.causal_lm_config({})["model_config"], 64)([text])["input_ids"][0]
+    assert trained[: len(ids)].tolist() == ids and int(trained[len(ids)]) == tokenizer.eos_token_id
+    config = api.CAUSAL_LM_MODEL_CONFIG
+    assert (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) == (
+        config["eos_token_id"],
+        config["bos_token_id"],
+        config["pad_token_id"],
+    )
+    assert len(tokenizer) <= config["vocab_size"]
+    batch = tokenizer(["a", "abc"], padding=True)  # pads with its own pad token
+    assert batch["input_ids"] == [[97, config["pad_token_id"], config["pad_token_id"]], [97, 98, 99]]
+
+
+def test_a_sequence_longer_than_the_models_positions_is_refused_before_training() -> None:
+    model = recipes.build_causal_lm({"model_config": {**api.CAUSAL_LM_MODEL_CONFIG, "n_positions": 16}})
+    recipes.check_positions(model, 16)
+    with pytest.raises(ValueError, match=r"max_length: 17 tokens do not fit the model's 16 positions"):
+        recipes.check_positions(model, 17)
+
+
+def test_early_stopping_ends_training_when_the_metric_stalls(ray_session, tmp_path: Path) -> None:
+    """earlyStopping {patience: 1} with a minDelta no epoch can beat: the first epoch sets the best
+    evalLoss, the second does not improve on it, training stops there (of 5) with a checkpoint and the
+    model; run again longer, the stopped run trains no further."""
+    changes: dict[str, Any] = {
+        "trainer.epochs": 5,
+        "trainer.earlyStopping": {"patience": 1, "minDelta": 1.0e6},
+        "checkpoint.everyEpochs": 3,
+        "data.validation": {"fraction": 0.25},
+    }
+    outcome, metrics = fit(spec(tmp_path, **changes), tmp_path)
+    history = json.loads(metrics.read_text())
+    assert [h["epoch"] for h in history] == [1, 2], history
+    assert history[-1].get("stoppedEarly") is True and "stoppedEarly" not in history[0]
+    assert checkpoints(outcome) == ["epoch-00002"]  # saved where it stopped, though everyEpochs is 3
+    state = json.loads(Path(outcome.storage_root, outcome.run_name, "epoch-00002", recipes.STATE).read_text())
+    assert state[recipes.EARLY_STOPPING]["stopped"] is True and state[recipes.EARLY_STOPPING]["wait"] == 1
+    assert state[recipes.EARLY_STOPPING]["best"] == pytest.approx(history[0]["metrics"]["evalLoss"])
+    assert_model_predicts(outcome.model_uri, in_features=8)
+
+    changes["trainer.epochs"] = 8  # the same run, longer: it had stopped, so it stays stopped
+    outcome, metrics = fit(spec(tmp_path, **changes), tmp_path)
+    assert [h["epoch"] for h in json.loads(metrics.read_text())] == [1, 2]
+    assert checkpoints(outcome) == ["epoch-00002"]
+    assert_model_predicts(outcome.model_uri, in_features=8)
+
+
+def test_mlflow_tracks_one_run_per_job_across_resumes(ray_session, tmp_path: Path) -> None:
+    """spec.tracking.mlflow (a SQLite store here, a server's URI in a cluster): one MLflow run tagged
+    with the job, the trainer's params, each epoch's metrics at step = epoch, the model's URI,
+    FINISHED; the same job run longer logs on to the same MLflow run."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow = {"trackingUri": uri, "experiment": "rayship-tests"}
+    changes: dict[str, Any] = {"trainer.epochs": 1, "tracking": {"mlflow": mlflow}}
+    reporter = Recorder(tmp_path / "metrics.json")
+    store = tmp_path / "store"
+    result = job.run(spec(tmp_path, **changes), storage_root=str(store), reporter=reporter)
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("rayship-tests")
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "mlp-ddp"
+    assert run.data.tags[tracking.UID_TAG] == "default.mlp-ddp"  # no uid outside a cluster: the run name
+    assert run.data.tags["rayship.model"] == result.checkpoint.model
+    assert run.data.params["learningRate"] == "0.01" and run.data.params["strategy"] == "ddp"
+    logged = client.get_metric_history(run.info.run_id, "loss")
+    assert [m.step for m in logged] == [1]
+    assert [m.value for m in logged] == pytest.approx(losses(reporter.metrics_path))
+
+    changes["trainer.epochs"] = 2  # resumes: the same MLflow run goes on
+    job.run(spec(tmp_path, **changes), storage_root=str(store), reporter=reporter)
+    (again,) = client.search_runs([experiment.experiment_id])
+    assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2]
+
+
+def test_rayship_run_tracks_to_a_sqlite_store_beside_the_run_and_a_cluster_needs_a_server(
+    tmp_path: Path,
+) -> None:
+    doc = yaml.safe_load((SAMPLES / "trainingjob-ddp.yaml").read_text())
+    doc["spec"]["tracking"] = {"mlflow": {}}
+    local = validation.parse(doc, local=True)
+    assert isinstance(local, api.TrainingJob)
+    assert tracking.settings(local, str(tmp_path)) == (
+        f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "rayship-default",
+    )
+    with pytest.raises(validation.SpecError, match="trackingUri is required in a cluster"):
+        validation.parse(doc)
 
 
 def test_causal_lm_on_the_hugging_face_trainer_with_deepspeed_resumes_and_exports(
@@ -423,7 +541,7 @@ def test_causal_lm_on_the_hugging_face_trainer_with_deepspeed_resumes_and_export
         saved.rglob("*")
     )  # ZeRO
     model, manifest = models.load_model(outcome.model_uri)
-    assert manifest["recipe"] == "causal-lm" and manifest["tokenizer"] == "bytes"
+    assert manifest["recipe"] == "causal-lm" and manifest["tokenizer"] == "pretrained"
     with torch.no_grad():
         assert torch.isfinite(model(input_ids=torch.tensor([list(b"the ray ")])).logits).all()
 

@@ -74,6 +74,7 @@ class RayshipReportCallback(RayTrainReportCallback):
         self.epochs, self.every = spec.trainer.epochs, spec.checkpoint.every_epochs
         self.run, self.start, self.saver = run, start, saver
         self.epoch, self.seen_logs = start.epoch, 0
+        self.stopping = recipes.EarlyStopping.of(spec, start)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         lr = self.saver.learning_rate
@@ -102,9 +103,19 @@ class RayshipReportCallback(RayTrainReportCallback):
             metrics.update({recipes.EVAL_LOSS: eval_loss, "perplexity": math.exp(min(eval_loss, 700.0))})
         if self.start.handed_from is not None:
             metrics["handed_from"] = self.start.handed_from
-        save = self.epoch % self.every == 0 or self.epoch >= self.epochs
+        stop = self.stopping is not None and self.stopping.update(metrics) and self.epoch < self.epochs
+        if stop:
+            metrics[recipes.STOPPED_EARLY] = True
+            control.should_training_stop = True
+        save = self.epoch % self.every == 0 or self.epoch >= self.epochs or stop
         recipes.report(
-            self.saver, self.run, epoch=self.epoch, step=state.global_step, metrics=metrics, save=save
+            self.saver,
+            self.run,
+            epoch=self.epoch,
+            step=state.global_step,
+            metrics=metrics,
+            save=save,
+            early_stopping=self.stopping,
         )
 
 
@@ -116,7 +127,7 @@ def loop(config: dict[str, Any]) -> None:
     spec = recipes.loop_spec(config)
     trainer_spec = spec.trainer
     batch_size = trainer_spec.batch_size_per_worker
-    tokens = recipes.Tokens(rayship["model_config"], int(config.get("max_length", 64)))
+    tokens = recipes.Tokens(rayship["model_config"], recipes.max_length(config))
     output_dir = Path(tempfile.mkdtemp(prefix="rayship-hf-"))
 
     def collate(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -136,6 +147,7 @@ def loop(config: dict[str, Any]) -> None:
     # [2] prepare the model (the Trainer wraps it for DDP, or DeepSpeed with the job's config)
     torch.manual_seed(data.seed(config))
     model = recipes.build_causal_lm(rayship["model_config"])
+    recipes.check_positions(model, tokens.max_length)
     use_gpu = torch.cuda.is_available()
     deepspeed = (
         strategies.deepspeed_config(trainer_spec, use_gpu) if trainer_spec.strategy == "deepspeed" else None
@@ -170,9 +182,11 @@ def loop(config: dict[str, Any]) -> None:
         seed=data.seed(config),
     )
     trainer = Trainer(model=model, args=args, train_dataset=train_batches, eval_dataset=eval_batches)
-    trainer.add_callback(RayshipReportCallback(spec, run, start, saver))
+    callback = RayshipReportCallback(spec, run, start, saver)
+    trainer.add_callback(callback)
     trainer = prepare_trainer(trainer)
-    if start.epoch < trainer_spec.epochs:
+    stopped = callback.stopping is not None and callback.stopping.stopped  # before it was resumed
+    if start.epoch < trainer_spec.epochs and not stopped:
         trainer.train(resume_from_checkpoint=str(saver.resume_from) if saver.resume_from else None)
     shutil.rmtree(output_dir, ignore_errors=True)
 

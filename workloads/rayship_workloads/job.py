@@ -27,7 +27,7 @@ from ray.train.v2.api.callback import UserCallback
 
 from rayship import api, names, yamlio
 from rayship.validation import SpecError, parse_trainingjob
-from rayship_workloads import data, progress, redact, train, tune
+from rayship_workloads import data, progress, redact, tracking, train, tune
 
 
 class JobError(ValueError):
@@ -128,13 +128,27 @@ def run(
     training workers (local mode; in a cluster `spec.runtimeEnv` is the whole job's, from the RayJob)."""
     tuning = tj.spec.tuning
     if tuning is None:
-        outcome = train.train(
-            tj,
-            storage_root=storage_root,
-            callbacks=[reporter.progress(epochs=tj.spec.trainer.epochs, storage_root=storage_root)],
-            quiet=reporter.quiet,
-            runtime_env=runtime_env,
-        )
+        tracked = tracking.job_run(tj, storage_root, train.run_name(tj))
+        callbacks = [reporter.progress(epochs=tj.spec.trainer.epochs, storage_root=storage_root)]
+        try:
+            outcome = train.train(
+                tj,
+                storage_root=storage_root,
+                callbacks=callbacks + ([tracking.MlflowCallback(tracked)] if tracked else []),
+                quiet=reporter.quiet,
+                runtime_env=runtime_env,
+            )
+        except BaseException:
+            if tracked is not None:
+                tracked.finish(tags={}, failed=True)
+            raise
+        if tracked is not None:
+            uris = {
+                "checkpoint": outcome.latest,
+                "model": outcome.model_uri,
+                "bestModel": outcome.best_model_uri,
+            }
+            tracked.finish(tags={f"rayship.{k}": v for k, v in uris.items() if v}, failed=False)
         checkpoint = {
             "latest": outcome.latest,
             "best": outcome.best,

@@ -25,6 +25,8 @@ from ray.train.v2.api.callback import UserCallback
 
 from rayship import api
 
+STOPPED_EARLY = "stopped_early"  # in a loop's report of the epoch trainer.earlyStopping ended training at
+
 log = logging.getLogger("rayship.progress")
 MIN_INTERVAL_S = 10.0
 _said_non_finite: set[str] = set()  # the fields already logged as dropped (once per process)
@@ -66,11 +68,15 @@ def summarize(metrics: list[dict[str, Any]]) -> dict[str, Any]:
     numeric = {
         k: fmean(float(m[k]) for m in metrics if k in m)
         for k, v in first.items()
-        if isinstance(v, int | float) and k not in ("epoch", "step", "resumed_from_epoch")
+        if isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and k not in ("epoch", "step", "resumed_from_epoch")
     }
     record = {"epoch": int(first.get("epoch", 0)), "step": int(first.get("step", 0)), "metrics": numeric}
     if int(first.get("resumed_from_epoch") or 0) > 0:  # the built-in recipes say where they started
         record["resumedFromEpoch"] = int(first["resumed_from_epoch"])
+    if first.get(STOPPED_EARLY) is True:  # trainer.earlyStopping ended training at this epoch
+        record["stoppedEarly"] = True
     return record
 
 
@@ -90,7 +96,8 @@ def epoch_line(record: dict[str, Any], epochs: int) -> str:
     """`epoch 3/5  step 48  loss 0.12345  evalLoss 0.13000` for one record."""
     metrics = record.get("metrics", {})
     shown = "".join(f"  {k} {metrics[k]:.5f}" for k in SHOWN_METRICS if metrics.get(k) is not None)
-    return f"epoch {record['epoch']}/{epochs}  step {record['step']}{shown}"
+    stopped = "  stopped early (trainer.earlyStopping: no improvement)" if record.get("stoppedEarly") else ""
+    return f"epoch {record['epoch']}/{epochs}  step {record['step']}{shown}{stopped}"
 
 
 class TrainingJobStatus:
@@ -175,11 +182,12 @@ class ProgressCallback(UserCallback):
             Path(self.metrics_path).write_text(json.dumps(self.history, indent=2))
         if self.status is not None:
             due = time.monotonic() - self._last_patch >= MIN_INTERVAL_S
-            if due or checkpoint is not None or record["epoch"] >= self.epochs:
+            if due or checkpoint is not None or record["epoch"] >= self.epochs or "stoppedEarly" in record:
                 progress = {"epoch": record["epoch"], "step": record["step"], "metrics": record["metrics"]}
                 if self._last_checkpoint:
                     progress["lastCheckpoint"] = self._last_checkpoint
-                if "resumedFromEpoch" in record:
-                    progress["resumedFromEpoch"] = record["resumedFromEpoch"]
+                for key in ("resumedFromEpoch", "stoppedEarly"):
+                    if key in record:
+                        progress[key] = record[key]
                 if self.status.patch({"progress": progress}):
                     self._last_patch = time.monotonic()

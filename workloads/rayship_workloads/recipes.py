@@ -40,7 +40,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from rayship import api
-from rayship_workloads import data, integrity, storage, strategies
+from rayship_workloads import data, integrity, progress, storage, strategies
 from rayship_workloads.strategies import Strategy
 
 TrainLoop = Callable[[dict[str, Any]], None]
@@ -130,6 +130,7 @@ class Start:
     epoch: int = 0
     step: int = 0
     handed_from: str | None = None
+    early_stopping: Mapping[str, Any] | None = None  # `EarlyStopping.state()` as the checkpoint saved it
 
 
 class Checkpointer(Protocol):
@@ -142,10 +143,10 @@ class Checkpointer(Protocol):
     def set_learning_rate(self, lr: float) -> None: ...
 
 
-def _load(strategy: Checkpointer, directory: Path) -> tuple[int, int]:
+def _load(strategy: Checkpointer, directory: Path) -> Start:
     strategy.load(directory)
     state = json.loads((directory / STATE).read_text())
-    return int(state["epoch"]), int(state["step"])
+    return Start(int(state["epoch"]), int(state["step"]), early_stopping=state.get(EARLY_STOPPING))
 
 
 def resume(strategy: Checkpointer, run: Run) -> Start:
@@ -158,7 +159,7 @@ def resume(strategy: Checkpointer, run: Run) -> Start:
         with checkpoint.as_directory() as directory:
             name = Path(checkpoint.path).name
             integrity.verify(Path(directory), run.key(), run=run.run_name, name=name)
-            return Start(*_load(strategy, Path(directory)))
+            return _load(strategy, Path(directory))
     if run.handoff is None:
         return Start()
     path = run.handoff["path"]
@@ -171,17 +172,26 @@ def resume(strategy: Checkpointer, run: Run) -> Start:
             job_run=run.handoff["job_run"],
             results=run.handoff["results"],
         )
-        epoch, step = _load(strategy, Path(directory))
+        loaded = _load(strategy, Path(directory))
     if run.learning_rate is not None:
         strategy.set_learning_rate(float(run.learning_rate))
-    return Start(epoch, step, handed_from=signer)
+    return Start(
+        loaded.epoch, loaded.step, handed_from=signer
+    )  # the trial's own early stopping starts afresh
 
 
 def report(
-    strategy: Checkpointer, run: Run, *, epoch: int, step: int, metrics: dict[str, Any], save: bool
+    strategy: Checkpointer,
+    run: Run,
+    *,
+    epoch: int,
+    step: int,
+    metrics: dict[str, Any],
+    save: bool,
+    early_stopping: EarlyStopping | None = None,
 ) -> None:
     """Report this epoch's metrics from every rank, with a checkpoint when `save` (each rank's files
-    and, last, its signed digest)."""
+    and, last, its signed digest; its state says where early stopping stood)."""
     context = ray.train.get_context()
     rank = context.get_world_rank()
     with tempfile.TemporaryDirectory() as tmp:
@@ -189,9 +199,10 @@ def report(
         if save:
             strategy.save(Path(tmp))
             if rank == 0:
-                (Path(tmp) / STATE).write_text(
-                    json.dumps({"epoch": epoch, "step": step, "strategy": strategy.name})
-                )
+                state: dict[str, Any] = {"epoch": epoch, "step": step, "strategy": strategy.name}
+                if early_stopping is not None:
+                    state[EARLY_STOPPING] = early_stopping.state()
+                (Path(tmp) / STATE).write_text(json.dumps(state))
             integrity.sign(
                 Path(tmp),
                 run.key(),
@@ -251,6 +262,78 @@ def evaluation(
     return evaluate
 
 
+def job_metric(spec: api.TrainingJobSpec) -> tuple[str, str]:
+    """(metric, mode) by which the job judges its epochs (the best checkpoint, early stopping):
+    checkpoint.metric/mode, by default evalLoss with data.validation, else loss; min."""
+    default = EVAL_LOSS if spec.data.validation is not None else "loss"
+    return spec.checkpoint.metric or default, spec.checkpoint.mode or "min"
+
+
+EARLY_STOPPING = "earlyStopping"  # its state in a checkpoint's rayship-state.json
+STOPPED_EARLY = progress.STOPPED_EARLY
+
+
+@dataclass
+class EarlyStopping:
+    """`trainer.earlyStopping` over the job's metric (`job_metric`): stop once it has not improved
+    on its best by more than `min_delta` for `patience` epochs. Every rank decides alike: the metric
+    is averaged over the ranks first. Its state travels in the checkpoints, so a resumed run goes on
+    counting (and one that had stopped trains no further)."""
+
+    metric: str
+    mode: str
+    patience: int
+    min_delta: float
+    best: float | None = None
+    wait: int = 0
+    stopped: bool = False
+
+    @classmethod
+    def of(cls, spec: api.TrainingJobSpec, start: Start) -> EarlyStopping | None:
+        rule = spec.trainer.early_stopping
+        if rule is None:
+            return None
+        metric, mode = job_metric(spec)
+        saved = start.early_stopping or {}
+        best = saved.get("best")
+        return cls(
+            metric,
+            mode,
+            rule.patience,
+            rule.min_delta,
+            best=None if best is None else float(best),
+            wait=int(saved.get("wait", 0)),
+            stopped=bool(saved.get("stopped", False)),
+        )
+
+    def update(self, metrics: Mapping[str, Any]) -> bool:
+        """Take this epoch's metrics; whether training stops after it."""
+        value = metrics.get(self.metric)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            reported = ", ".join(sorted(k for k, v in metrics.items() if isinstance(v, float)))
+            raise ValueError(
+                f"checkpoint.metric: {self.metric!r} is not reported by this job (it reports {reported}); "
+                "trainer.earlyStopping watches it: set checkpoint.metric to one of those"
+            )
+        mean = global_mean(float(value), 1)
+        current = math.nan if mean is None else mean
+        if self.best is None:
+            improved = not math.isnan(current)
+        elif self.mode == "min":
+            improved = current < self.best - self.min_delta
+        else:
+            improved = current > self.best + self.min_delta
+        if improved:
+            self.best, self.wait = current, 0
+        else:
+            self.wait += 1
+        self.stopped = self.wait >= self.patience
+        return self.stopped
+
+    def state(self) -> dict[str, Any]:
+        return {"best": self.best, "wait": self.wait, "stopped": self.stopped}
+
+
 def run_epochs(
     strategy: Strategy,
     spec: api.TrainingJobSpec,
@@ -266,6 +349,9 @@ def run_epochs(
     checkpoint another trial handed over), with a checkpoint every `checkpoint.everyEpochs` epochs
     and after the last one."""
     epochs, every, step = spec.trainer.epochs, spec.checkpoint.every_epochs, start.step
+    stopping = EarlyStopping.of(spec, start)
+    if stopping is not None and stopping.stopped:
+        return  # this run had stopped early before it was resumed: nothing is left to train
     for epoch in range(start.epoch + 1, epochs + 1):
         total, batches = 0.0, 0
         for loss in losses():
@@ -276,10 +362,15 @@ def run_epochs(
             metrics["handed_from"] = start.handed_from
         if evaluate is not None:
             metrics.update(evaluate())
-        save = epoch % every == 0 or epoch == epochs
-        report(strategy, run, epoch=epoch, step=step, metrics=metrics, save=save)
+        stop = stopping is not None and stopping.update(metrics) and epoch < epochs
+        if stop:
+            metrics[STOPPED_EARLY] = True
+        save = epoch % every == 0 or epoch == epochs or stop
+        report(strategy, run, epoch=epoch, step=step, metrics=metrics, save=save, early_stopping=stopping)
         if on_epoch_end is not None:
             on_epoch_end(epoch)
+        if stop:
+            return
 
 
 # --- mlp: tabular regression ---------------------------------------------------------------------
@@ -372,25 +463,40 @@ def load_mlp(directory: Path, manifest: dict[str, Any]) -> Servable:
 
 # --- causal-lm: a Hugging Face AutoModelForCausalLM ----------------------------------------------
 # On a cluster, `config.model_path` names a local/PVC directory (from_pretrained, its own tokenizer);
-# otherwise `config.model_config` builds a model from a config (from_config) with byte-level tokens:
-# UTF-8 bytes, 256 = end of text, 257 = padding. Exported as a save_pretrained() directory (plus the
-# tokenizer for model_path), loaded with from_pretrained.
-
-BYTE_EOS, BYTE_PAD, BYTE_VOCAB = 256, 257, 260
-TINY_MODEL = {
-    "model_type": "gpt2",
-    "n_layer": 2,
-    "n_head": 2,
-    "n_embd": 32,
-    "n_positions": 128,
-    "vocab_size": BYTE_VOCAB,
-}
+# otherwise `config.model_config` updates `api.CAUSAL_LM_MODEL_CONFIG`, a model built from a config
+# (from_config) on byte tokens: UTF-8 bytes, 256 = end of text, 257 = padding (`byte_tokenizer` is
+# that scheme as a Hugging Face tokenizer). Exported as a save_pretrained() directory with its
+# tokenizer, loaded with from_pretrained (and AutoTokenizer).
 
 
 def causal_lm_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if config.get("model_path"):
         return {"model_path": str(config["model_path"])}
-    return {"model_config": {**TINY_MODEL, **(config.get("model_config") or {})}}
+    return {"model_config": {**api.CAUSAL_LM_MODEL_CONFIG, **(config.get("model_config") or {})}}
+
+
+def byte_tokenizer() -> Any:
+    """The byte tokens as a Hugging Face fast tokenizer (`transformers.PreTrainedTokenizerFast`): a
+    byte-level BPE without merges whose vocabulary maps each byte's GPT-2 symbol to the byte's value,
+    plus the end-of-text (also beginning) and padding tokens; `encode` adds no special tokens, so
+    `encode(text)` is `list(text.encode("utf-8"))` and `decode` is its inverse."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    symbols = bytes_to_unicode()
+    eos, pad = "<|endoftext|>", "<|pad|>"
+    vocab = {symbols[b]: b for b in range(256)} | {eos: api.BYTE_EOS, pad: api.BYTE_PAD}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=eos,
+        eos_token=eos,
+        pad_token=pad,
+        clean_up_tokenization_spaces=False,
+    )
 
 
 def causal_lm_setup(dataset: ray.data.Dataset, config: Mapping[str, Any]) -> ModelSetup:
@@ -404,6 +510,22 @@ def build_causal_lm(model_config: Mapping[str, Any]) -> Any:
         return AutoModelForCausalLM.from_pretrained(model_config["model_path"], local_files_only=True)
     settings = dict(model_config["model_config"])
     return AutoModelForCausalLM.from_config(AutoConfig.for_model(settings.pop("model_type"), **settings))
+
+
+def max_length(config: Mapping[str, Any]) -> int:
+    """`trainer.config.max_length`: tokens per training sequence (the API checked it)."""
+    return int(config.get("max_length", api.CAUSAL_LM_MAX_LENGTH))
+
+
+def check_positions(model: Any, max_length: int) -> None:
+    """A sequence of `max_length` tokens fits the model's position embedding (the API checks what a
+    config says; a `model_path` model is known only here)."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if isinstance(positions, int) and max_length > positions:
+        raise ValueError(
+            f"trainer.config.max_length: {max_length} tokens do not fit the model's {positions} positions "
+            f"(its max_position_embeddings); set max_length <= {positions}"
+        )
 
 
 class Tokens:
@@ -426,8 +548,8 @@ class Tokens:
             )
             ids, mask = enc["input_ids"], enc["attention_mask"]
         else:
-            rows = [list(t.encode("utf-8"))[: self.max_length - 1] + [BYTE_EOS] for t in texts]
-            ids = torch.full((len(rows), self.max_length), BYTE_PAD, dtype=torch.long)
+            rows = [list(t.encode("utf-8"))[: self.max_length - 1] + [api.BYTE_EOS] for t in texts]
+            ids = torch.full((len(rows), self.max_length), api.BYTE_PAD, dtype=torch.long)
             mask = torch.zeros_like(ids)
             for i, row in enumerate(rows):
                 ids[i, : len(row)] = torch.tensor(row)
@@ -443,14 +565,16 @@ def causal_lm_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None
     spec = loop_spec(config)
     batch_size = spec.trainer.batch_size_per_worker
     device = ray.train.torch.get_device()
-    tokens = Tokens(rayship["model_config"], int(config.get("max_length", 64)))
+    tokens = Tokens(rayship["model_config"], max_length(config))
 
     # [1] prepare data: this worker's shard of the text dataset
     shard = ray.train.get_dataset_shard("train")
 
-    # [2] prepare the model: DDP or DeepSpeed
+    # [2] prepare the model: DDP, DeepSpeed or FSDP
     torch.manual_seed(data.seed(config))
-    strategy = strategies.create(spec.trainer, build_causal_lm(rayship["model_config"]))
+    model = build_causal_lm(rayship["model_config"])
+    check_positions(model, tokens.max_length)
+    strategy = strategies.create(spec.trainer, model)
 
     # [3] resume from the latest checkpoint, if this run has one
     start = resume(strategy, Run.of(config))
@@ -485,18 +609,19 @@ def export_causal_lm(directory: Path, setup: ModelSetup, state: dict[str, torch.
             f"checkpoint does not match the model: missing {missing}, unexpected {loaded.unexpected_keys}"
         )
     model.save_pretrained(str(directory))
-    if "model_path" not in setup.config:
-        return {"tokenizer": "bytes"}
-    from transformers import AutoTokenizer
+    if "model_path" in setup.config:
+        from transformers import AutoTokenizer
 
-    AutoTokenizer.from_pretrained(setup.config["model_path"], local_files_only=True).save_pretrained(
-        str(directory)
-    )
+        tokenizer = AutoTokenizer.from_pretrained(setup.config["model_path"], local_files_only=True)
+    else:
+        tokenizer = byte_tokenizer()
+    tokenizer.save_pretrained(str(directory))  # AutoTokenizer.from_pretrained(<the model>) works
     return {"tokenizer": "pretrained"}
 
 
 class ByteTokenizer:
-    """`"tokenizer": "bytes"`: UTF-8 bytes are the token ids; ids >= 256 are special and decode to nothing."""
+    """`"tokenizer": "bytes"` (a model saved without a tokenizer, e.g. by `models.save_model`): UTF-8
+    bytes are the token ids; ids >= 256 are special and decode to nothing."""
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))

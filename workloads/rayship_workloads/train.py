@@ -194,13 +194,6 @@ def export(
     return target
 
 
-def best_metric(spec: api.TrainingJobSpec) -> tuple[str, str]:
-    """(metric, mode) that picks the best checkpoint: checkpoint.metric/mode, by default evalLoss
-    with data.validation, else loss; min."""
-    default = recipes.EVAL_LOSS if spec.data.validation is not None else "loss"
-    return spec.checkpoint.metric or default, spec.checkpoint.mode or "min"
-
-
 def best_checkpoint(result: Result, metric: str = "loss", mode: str = "min") -> Checkpoint | None:
     """The kept checkpoint with the lowest (mode min) or highest (max) reported `metric`."""
     scored = [
@@ -328,7 +321,7 @@ def train(
         say=say or functools.partial(print, flush=True),
     )
     latest = progress.checkpoint_uri(result.checkpoint, storage_root) if result.checkpoint else None
-    best = best_checkpoint(result, *best_metric(tj.spec))
+    best = best_checkpoint(result, *recipes.job_metric(tj.spec))
     if prepared.recipe is None:
         model_uri = best_model_uri = own_model(prepared)
     else:

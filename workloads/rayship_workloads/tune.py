@@ -38,7 +38,7 @@ from ray.util.queue import Queue
 
 from rayship import api
 from rayship.validation import parse_trainingjob
-from rayship_workloads import integrity, progress, storage, train
+from rayship_workloads import integrity, progress, storage, tracking, train
 
 # Trainer fields a search may set that the API types as integers (a uniform draw gives floats).
 INTEGER_FIELDS = frozenset(
@@ -311,6 +311,8 @@ def search(
         )
         _fit_reporting_checkpoints(trainer, queue, storage_root)
 
+    mlflow = tracking.tune_callback(tj, storage_root, base_name)
+    tracked = [mlflow] if mlflow is not None else []  # one MLflow run per trial (spec.tracking)
     tuner = tune.Tuner(
         tune.with_resources(trial, {"CPU": 0.01}),  # the trial driver only waits; its workers hold CPUs/GPUs
         param_space=search_space(tuning),
@@ -331,7 +333,8 @@ def search(
                     metric=tuning.metric,
                     epochs=tj.spec.trainer.epochs,
                     say=say or functools.partial(print, flush=True),
-                )
+                ),
+                *tracked,
             ],
         ),
     )
