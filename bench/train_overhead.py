@@ -1,19 +1,27 @@
-"""Training overhead: the Ray Train DDP path (the product) vs a plain PyTorch loop, per core used.
+"""Training overhead (issue 14, P4): rayship's training path vs a hand-written Ray Train TorchTrainer
+on the same model and data, and vs a plain PyTorch loop per core.
 
-    flock /tmp/rayship-ray.lock .venv/bin/python bench/train_overhead.py [--epochs 5] [--samples 8192] [--batch 64]
+    flock /tmp/rayship-ray.lock .venv/bin/python bench/train_overhead.py [--epochs 5] [--samples 8192]
+        [--batch 64] [--features 256] [--hidden 2048 1408] [--workers 1 2]
 
-Question: how much throughput does running the built-in `mlp` recipe through Ray Train (DDP, Ray Data
-shards, a report + checkpoint every epoch) cost compared with plain PyTorch on the same rows, per core?
-Goal (from the issue): Ray Train samples/s per core >= 0.8x the plain loop's samples/s.
+Questions: how much does the built-in `mlp` recipe (the product: Ray Data shards, DDP, a report and a
+signed checkpoint every epoch, the export) cost against the TorchTrainer a user would write by hand
+for the same model and rows (goal >= 0.95 steady, >= 0.9 end-to-end), and what does Ray Train DDP give
+per core against plain PyTorch (reported; goal >= 0.8 with a compute-bound model)?
 
-Both sides train the same thing: the demo MLP (in_features=8, hidden=[64, 64]) on
-`synthetic_tabular(--samples, 8, seed=0)`, batch size --batch per worker, --epochs epochs, AdamW lr 0.01,
-float32, CPU.
+Every side trains the same thing: an MLP --features -> --hidden -> 1 (default 256 -> [2048, 1408] -> 1,
+3.4M parameters: compute-bound) on `synthetic_tabular(--samples, --features, seed=0)`, batch size
+--batch per worker, --epochs epochs, AdamW lr 0.01, float32, CPU.
+
+  TorchTrainer  hand-written, as Ray's docs write it: the same Ray Dataset; a train_loop_per_worker
+            with prepare_model, the shard's iter_torch_batches (a collate_fn stacking the feature
+            columns), and every epoch ray.train.report with a checkpoint (rank 0's torch.save of
+            the state_dict); a minimal callback stamps the reports for the clock.
 
   baseline  One process, torch.set_num_threads(1), no Ray. The same rows (materialized once from the same
             Ray Dataset with `to_pandas()`, before Ray is shut down) as one float32 tensor, sliced into
             batches in order: forward, MSE, backward, AdamW step, loss.item(). Every epoch is timed.
-  Ray Train The product path unchanged: the sample TrainingJob (manifests/samples/trainingjob-ddp.yaml,
+  rayship   The product path unchanged: the sample TrainingJob (manifests/samples/trainingjob-ddp.yaml,
             gpusPerWorker 0) with workers.replicas = 1, then 2, through
             `rayship_workloads.train.train(tj, storage_root=<fresh dir>, callbacks=[ProgressCallback(metrics_path=...)])`
             (what local mode's reporter does, without its terminal lines)
@@ -32,7 +40,7 @@ Two figures per configuration (samples = rows processed by all workers together)
               record): the epochs after the first, with their reports and checkpoints, without startup.
               Baseline: the same epochs (all but the first, the warm-up).
 
-Diagnostic rows ("poll 0.05 s", skip with --diagnostic-poll 0): the same Ray runs again in a second Ray
+Diagnostic rows (off by default; --diagnostic-poll 0.05): the same Ray runs again in a second Ray
 session started with RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=0.05. Ray Train's controller collects reports by
 polling the workers every 2 s by default and `ray.train.report` blocks while the previous report is
 uncollected, so with short epochs the default rows measure that poll; the diagnostic rows show the cost
@@ -43,8 +51,10 @@ the workers reserve (1 per worker). "cores busy" is measured: CPU seconds used b
 process Ray started (psutil over the process tree: GCS, raylet, controller, workers, Ray Data) during the
 steady window, divided by its wall time; it shows what the reserved-cores figure leaves out.
 
-Prints tables; never fails on the goal. Takes about 90 s with the defaults (plus any wait for the lock). Ray is stopped and
-the temporary directory removed on exit.
+Prints tables, then `RESULT train_rayship_over_raytrain_steady=`, `..._e2e=` (rayship / hand-written
+TorchTrainer at the most workers) and `RESULT train_ddp_over_plain_per_core=` (rayship's steady samples/s
+per reserved core / plain PyTorch's); never fails on a goal. Ray is stopped and the temporary directory
+removed on exit.
 """
 
 from __future__ import annotations
@@ -59,25 +69,32 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rayship_workloads.local import private_ray_environment
 
 _TMP = private_ray_environment("rb-")
 
+import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import ray  # noqa: E402
+import ray.train  # noqa: E402
+import ray.train.torch  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402, N812
 import yaml  # noqa: E402
+from ray.train.v2.api.callback import UserCallback  # noqa: E402
 
 from rayship import api  # noqa: E402
 from rayship_workloads import data, job, progress, recipes, train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "manifests" / "samples" / "trainingjob-ddp.yaml"
-FEATURES, HIDDEN, SEED, LR = 8, [64, 64], 0, 0.01
-GOAL = 0.8
-POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"  # read by the Ray Train controller actor at startup
+SEED, LR = 0, 0.01
+GOAL = 0.8  # Ray Train DDP per core / plain PyTorch
+GOAL_STEADY, GOAL_E2E = 0.95, 0.9  # rayship / hand-written TorchTrainer
+POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+PRODUCT = "rayship (train.train)"  # read by the Ray Train controller actor at startup
 
 
 @dataclass
@@ -151,17 +168,17 @@ def trainingjob(workers: int, args: argparse.Namespace) -> api.TrainingJob:
         epochs=args.epochs,
         batchSizePerWorker=args.batch,
         learningRate=LR,
-        config={"seed": SEED, "features": FEATURES, "hidden": HIDDEN},
+        config={"seed": SEED, "features": args.features, "hidden": args.hidden},
     )
     spec["data"] = {"source": "synthetic", "samples": args.samples}
     spec["workers"].update(replicas=workers, gpusPerWorker=0, cpusPerWorker=1)
     return job.load_trainingjob(json.dumps(doc))
 
 
-def materialize(samples: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rows the Ray runs train on, from the same Ray Dataset, as (x [n, 8], y [n, 1])."""
-    frame = data.synthetic_tabular(samples, FEATURES, SEED).to_pandas()
-    columns = [f"x{j}" for j in range(FEATURES)]
+def materialize(samples: int, features: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows the Ray runs train on, from the same Ray Dataset, as (x [n, features], y [n, 1])."""
+    frame = data.synthetic_tabular(samples, features, SEED).to_pandas()
+    columns = [f"x{j}" for j in range(features)]
     x = torch.from_numpy(frame[columns].to_numpy(dtype="float32"))
     y = torch.from_numpy(frame[data.LABEL].to_numpy(dtype="float32")).unsqueeze(1)
     return x, y
@@ -171,7 +188,7 @@ def baseline(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace) -> Meas
     """Plain PyTorch, one process, one thread: the same model, optimizer, batches and epochs."""
     torch.set_num_threads(1)
     torch.manual_seed(SEED)
-    model = recipes.build_mlp(recipes.mlp_config(FEATURES, {"hidden": HIDDEN}))
+    model = recipes.build_mlp(recipes.mlp_config(args.features, {"hidden": args.hidden}))
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     n = x.shape[0]
     ends: list[float] = []
@@ -246,6 +263,100 @@ def ray_train(workers: int, args: argparse.Namespace, name: str) -> Measurement:
     )
 
 
+class Stamp(UserCallback):
+    """The hand-written run's only extra: each report's metrics appended to a metrics.json-like list,
+    so the same `ReportClock` stamps its arrival."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.records: list[dict[str, Any]] = []
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+        self.records.append(dict(metrics[0]))
+        Path(self.path).write_text(json.dumps(self.records))
+
+
+def handwritten_loop(config: dict[str, Any]) -> None:
+    """A user's own train_loop_per_worker for the same MLP and rows (Ray's docs' shape)."""
+    features, batch_size = [f"x{j}" for j in range(config["features"])], config["batch"]
+
+    def collate(batch: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        x = np.stack([batch[c] for c in features], axis=1).astype(np.float32, copy=False)
+        return torch.from_numpy(x), torch.from_numpy(batch[data.LABEL].astype(np.float32)).unsqueeze(1)
+
+    torch.manual_seed(SEED)
+    model = ray.train.torch.prepare_model(recipes.MLP(config["features"], config["hidden"]))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    shard = ray.train.get_dataset_shard("train")
+    for epoch in range(1, config["epochs"] + 1):
+        total, batches = 0.0, 0
+        for x, y in shard.iter_torch_batches(batch_size=batch_size, collate_fn=collate):
+            loss = F.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total, batches = total + loss.item(), batches + 1
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint = None
+            if ray.train.get_context().get_world_rank() == 0:
+                torch.save(getattr(model, "module", model).state_dict(), Path(tmp) / "model.pt")
+                checkpoint = ray.train.Checkpoint.from_directory(tmp)
+            ray.train.report({"epoch": epoch, "loss": total / max(batches, 1)}, checkpoint=checkpoint)
+
+
+def handwritten(workers: int, args: argparse.Namespace) -> Measurement:
+    """The hand-written TorchTrainer on the same data, timed like `ray_train` (dataset creation
+    included in end-to-end, as rayship's is)."""
+    from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    run_dir = Path(tempfile.mkdtemp(prefix="hand-", dir=_TMP))
+    metrics = run_dir / "metrics.json"
+    clock = ReportClock(metrics)
+    clock.start()
+    start = time.perf_counter()
+    try:
+        trainer = TorchTrainer(
+            handwritten_loop,
+            train_loop_config={
+                "features": args.features,
+                "hidden": args.hidden,
+                "batch": args.batch,
+                "epochs": args.epochs,
+            },
+            scaling_config=ScalingConfig(num_workers=workers, use_gpu=False, resources_per_worker={"CPU": 1}),
+            run_config=RunConfig(
+                name="handwritten",
+                storage_path=str(run_dir / "store"),
+                checkpoint_config=CheckpointConfig(num_to_keep=3),
+                callbacks=[Stamp(str(metrics))],
+            ),
+            datasets={"train": data.synthetic_tabular(args.samples, args.features, SEED)},
+        )
+        result = trainer.fit()
+    finally:
+        wall = time.perf_counter() - start
+        clock.stop()
+    stamps = clock.stamps
+    if len(stamps) != args.epochs:
+        raise RuntimeError(f"expected {args.epochs} records in {metrics}, saw {len(stamps)}")
+    (t_first, cpu_first), (t_last, cpu_last) = stamps[0], stamps[-1]
+    window = t_last - t_first
+    loss = (result.metrics or {}).get("loss")
+    return Measurement(
+        name="hand-written TorchTrainer",
+        workers=workers,
+        cores=workers,
+        steady=(args.epochs - 1) * args.samples / window if window > 0 else float("nan"),
+        end_to_end=args.epochs * args.samples / wall,
+        wall_s=wall,
+        first_epoch_s=t_first - start,
+        epoch_s=window / max(args.epochs - 1, 1),
+        busy_cores=(cpu_last - cpu_first) / window if window > 0 else float("nan"),
+        loss=float(loss) if isinstance(loss, int | float) else None,
+    )
+
+
 def start_ray() -> None:
     ray.init(
         address="local",
@@ -276,12 +387,30 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line, rule, *body])
 
 
+def parameters(args: argparse.Namespace) -> int:
+    return sum(p.numel() for p in recipes.MLP(args.features, args.hidden).parameters())
+
+
+def results_lines(results: list[Measurement], args: argparse.Namespace) -> list[str]:
+    """The RESULT lines: rayship / hand-written TorchTrainer at the most workers of the default
+    session, and rayship's steady samples/s per core / plain PyTorch's."""
+    base = results[0]
+    most = max(args.workers)
+    ours = next(m for m in results if m.name == PRODUCT and m.workers == most)
+    theirs = next(m for m in results if m.name == "hand-written TorchTrainer" and m.workers == most)
+    return [
+        f"RESULT train_rayship_over_raytrain_steady={ours.steady / theirs.steady:.3f}",
+        f"RESULT train_rayship_over_raytrain_e2e={ours.end_to_end / theirs.end_to_end:.3f}",
+        f"RESULT train_ddp_over_plain_per_core={ours.steady / ours.cores / base.steady:.3f}",
+    ]
+
+
 def report(results: list[Measurement], args: argparse.Namespace, poll_s: float) -> None:
     base = results[0]
     per_core = [m.steady / m.cores / base.steady for m in results]
     print(
         f"\nsamples={args.samples}  epochs={args.epochs}  batch/worker={args.batch}  "
-        f"MLP {FEATURES}->{HIDDEN}->1  AdamW lr={LR}  seed={SEED}  "
+        f"MLP {args.features}->{args.hidden}->1 ({parameters(args):,} parameters)  AdamW lr={LR}  seed={SEED}  "
         f"host: {os.cpu_count()} cores, torch {torch.__version__}, ray {ray.__version__}\n"
     )
     print(
@@ -373,23 +502,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workers", type=int, nargs="+", default=[1, 2], help="Ray Train worker counts (default 1 2)"
     )
+    parser.add_argument("--features", type=int, default=256, help="input features (default 256)")
+    parser.add_argument(
+        "--hidden", type=int, nargs="+", default=[2048, 1408], help="hidden layer sizes (default 2048 1408)"
+    )
     parser.add_argument(
         "--diagnostic-poll",
         type=float,
-        default=0.05,
-        help=f"rerun the Ray configurations with {POLL_ENV} set to this (seconds; 0: skip; default 0.05)",
+        default=0.0,
+        help=f"rerun the Ray configurations with {POLL_ENV} set to this (seconds; default 0: skip)",
     )
     args = parser.parse_args(argv)
     if args.epochs < 2:
         parser.error("--epochs must be >= 2 (the steady figure leaves the first epoch out)")
     began = time.perf_counter()
     poll_s = health_check_interval_s()
-    sessions = [(None, "Ray Train DDP (train.train)")]
+    sessions = [(None, PRODUCT)]
     if args.diagnostic_poll > 0:
         sessions.append((args.diagnostic_poll, f"Ray Train DDP, poll {args.diagnostic_poll:g} s"))
     try:
         start_ray()
-        x, y = materialize(args.samples)
+        x, y = materialize(args.samples, args.features)
         ray.shutdown()  # the baseline runs with no Ray processes around
         print(f"baseline: plain PyTorch, {args.epochs} epochs ...", flush=True)
         results = [baseline(x, y, args)]
@@ -401,8 +534,12 @@ def main(argv: list[str] | None = None) -> int:
             for workers in args.workers:
                 print(f"{name}: {workers} worker(s), {args.epochs} epochs ...", flush=True)
                 results.append(ray_train(workers, args, name))
+                if poll is None:
+                    print(f"hand-written TorchTrainer: {workers} worker(s) ...", flush=True)
+                    results.append(handwritten(workers, args))
         report(results, args, poll_s)
         print(f"\n(benchmark took {time.perf_counter() - began:.0f} s)")
+        print("\n".join(results_lines(results, args)))
     finally:
         ray.shutdown()
         shutil.rmtree(_TMP, ignore_errors=True)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
+import numpy as np
 import ray.data
 import ray.train
 import ray.train.torch
@@ -410,6 +411,16 @@ def mlp_setup(dataset: ray.data.Dataset, config: Mapping[str, Any]) -> ModelSetu
     return ModelSetup(mlp_config(len(features), config), {"features": features})
 
 
+def features_and_label(
+    batch: Mapping[str, np.ndarray], *, features: list[str], label: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Ray Data batch of columns -> (x [rows, features], y [rows, 1]), float32: the feature columns
+    stacked once in numpy (in Ray Data's prefetch thread), not a tensor per column per batch."""
+    x = np.stack([np.asarray(batch[c], dtype=np.float32) for c in features], axis=1)
+    y = np.asarray(batch[label], dtype=np.float32).reshape(-1, 1)
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
 def mlp_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None) -> None:
     """Tabular regression with an MLP (mean squared error)."""
     rayship = config["rayship"]
@@ -431,9 +442,9 @@ def mlp_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None) -> N
     # [4] train, evaluate on the validation shard (with data.validation), and report every epoch
     # (checkpointing every `everyEpochs` and at the end)
     def batch_losses(source: Any) -> Iterator[tuple[torch.Tensor, int]]:
-        for batch in source.iter_torch_batches(batch_size=batch_size, dtypes=torch.float32):
-            x = torch.stack([batch[c] for c in features], dim=1).to(device, strategy.dtype)
-            y = batch[label].to(device).unsqueeze(1)
+        collate = functools.partial(features_and_label, features=features, label=label)
+        for x, y in source.iter_torch_batches(batch_size=batch_size, collate_fn=collate):
+            x, y = x.to(device, strategy.dtype), y.to(device)
             yield F.mse_loss(strategy.model(x).float(), y), len(y)
 
     validation = validation_shard(spec)
