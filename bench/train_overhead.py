@@ -67,6 +67,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -225,20 +226,18 @@ def baseline(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace) -> Meas
     )
 
 
-def ray_train(workers: int, args: argparse.Namespace, name: str) -> Measurement:
-    """One run of the product path; timed from outside, metrics.json records stamped on arrival."""
-    doc = trainingjob(workers, args)
+def measured(
+    name: str, workers: int, args: argparse.Namespace, fit: Callable[[Path, Path], float | None]
+) -> Measurement:
+    """Time `fit(run_dir, metrics_path)` (a training run that appends a record per report to
+    metrics_path; it returns the final loss) from outside, each record stamped on arrival."""
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=_TMP))
     metrics = run_dir / "metrics.json"
     clock = ReportClock(metrics)
     clock.start()
     start = time.perf_counter()
     try:
-        root = str(run_dir / "store")
-        callback = progress.ProgressCallback(
-            epochs=args.epochs, storage_root=root, metrics_path=str(metrics), echo=False
-        )
-        outcome = train.train(doc, storage_root=root, callbacks=[callback], quiet=True)
+        loss = fit(run_dir, metrics)
     finally:
         wall = time.perf_counter() - start
         clock.stop()
@@ -247,20 +246,37 @@ def ray_train(workers: int, args: argparse.Namespace, name: str) -> Measurement:
         raise RuntimeError(f"expected {args.epochs} records in {metrics}, saw {len(stamps)}")
     (t_first, cpu_first), (t_last, cpu_last) = stamps[0], stamps[-1]
     window = t_last - t_first
-    steady = (args.epochs - 1) * args.samples / window if args.epochs > 1 and window > 0 else float("nan")
-    loss = outcome.metrics.get("loss")
     return Measurement(
         name=name,
         workers=workers,
         cores=workers,
-        steady=steady,
+        steady=(args.epochs - 1) * args.samples / window if window > 0 else float("nan"),
         end_to_end=args.epochs * args.samples / wall,
         wall_s=wall,
         first_epoch_s=t_first - start,
         epoch_s=window / max(args.epochs - 1, 1),
         busy_cores=(cpu_last - cpu_first) / window if window > 0 else float("nan"),
-        loss=float(loss) if isinstance(loss, int | float) else None,
+        loss=loss,
     )
+
+
+def final_loss(metrics: dict[str, Any] | None) -> float | None:
+    loss = (metrics or {}).get("loss")
+    return float(loss) if isinstance(loss, int | float) else None
+
+
+def ray_train(workers: int, args: argparse.Namespace, name: str) -> Measurement:
+    """One run of the product path (what local mode's reporter does, without its terminal lines)."""
+    doc = trainingjob(workers, args)
+
+    def fit(run_dir: Path, metrics: Path) -> float | None:
+        root = str(run_dir / "store")
+        callback = progress.ProgressCallback(
+            epochs=args.epochs, storage_root=root, metrics_path=str(metrics), echo=False
+        )
+        return final_loss(train.train(doc, storage_root=root, callbacks=[callback], quiet=True).metrics)
+
+    return measured(name, workers, args, fit)
 
 
 class Stamp(UserCallback):
@@ -310,12 +326,7 @@ def handwritten(workers: int, args: argparse.Namespace) -> Measurement:
     from ray.train import CheckpointConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    run_dir = Path(tempfile.mkdtemp(prefix="hand-", dir=_TMP))
-    metrics = run_dir / "metrics.json"
-    clock = ReportClock(metrics)
-    clock.start()
-    start = time.perf_counter()
-    try:
+    def fit(run_dir: Path, metrics: Path) -> float | None:
         trainer = TorchTrainer(
             handwritten_loop,
             train_loop_config={
@@ -333,28 +344,9 @@ def handwritten(workers: int, args: argparse.Namespace) -> Measurement:
             ),
             datasets={"train": data.synthetic_tabular(args.samples, args.features, SEED)},
         )
-        result = trainer.fit()
-    finally:
-        wall = time.perf_counter() - start
-        clock.stop()
-    stamps = clock.stamps
-    if len(stamps) != args.epochs:
-        raise RuntimeError(f"expected {args.epochs} records in {metrics}, saw {len(stamps)}")
-    (t_first, cpu_first), (t_last, cpu_last) = stamps[0], stamps[-1]
-    window = t_last - t_first
-    loss = (result.metrics or {}).get("loss")
-    return Measurement(
-        name="hand-written TorchTrainer",
-        workers=workers,
-        cores=workers,
-        steady=(args.epochs - 1) * args.samples / window if window > 0 else float("nan"),
-        end_to_end=args.epochs * args.samples / wall,
-        wall_s=wall,
-        first_epoch_s=t_first - start,
-        epoch_s=window / max(args.epochs - 1, 1),
-        busy_cores=(cpu_last - cpu_first) / window if window > 0 else float("nan"),
-        loss=float(loss) if isinstance(loss, int | float) else None,
-    )
+        return final_loss(trainer.fit().metrics)
+
+    return measured("hand-written TorchTrainer", workers, args, fit)
 
 
 def start_ray() -> None:

@@ -103,3 +103,19 @@ def test_a_resumed_attempt_says_which_epoch_it_resumed_from(tmp_path, monkeypatc
     first, second = (b["status"]["progress"] for b in recorder.bodies)
     assert "resumedFromEpoch" not in first and first["metrics"] == {"loss": 0.5}
     assert second["resumedFromEpoch"] == 3 and second["metrics"] == {"loss": 0.25}
+
+
+def test_a_record_says_where_training_stopped_early_and_keeps_an_own_loops_flags() -> None:
+    """`stopped_early` (the built-in loops' report at the epoch earlyStopping ended) becomes the
+    record's `stoppedEarly`, not a metric; an own loop's boolean metrics stay metrics (as 1.0/0.0),
+    averaged over the ranks like the rest."""
+    record = progress.summarize(
+        [
+            {"epoch": 4, "step": 40, "loss": 0.5, "stopped_early": True, "ok": True},
+            {"epoch": 4, "step": 40, "loss": 0.7, "stopped_early": True, "ok": False},
+        ]
+    )
+    assert record["stoppedEarly"] is True
+    assert record["metrics"] == {"loss": pytest.approx(0.6), "ok": 0.5}
+    assert "stoppedEarly" not in progress.summarize([{"epoch": 1, "step": 1, "loss": 1.0}])
+    assert "stopped early" in progress.epoch_line(record, 10)

@@ -68,9 +68,7 @@ def summarize(metrics: list[dict[str, Any]]) -> dict[str, Any]:
     numeric = {
         k: fmean(float(m[k]) for m in metrics if k in m)
         for k, v in first.items()
-        if isinstance(v, int | float)
-        and not isinstance(v, bool)
-        and k not in ("epoch", "step", "resumed_from_epoch")
+        if isinstance(v, int | float) and k not in ("epoch", "step", "resumed_from_epoch", STOPPED_EARLY)
     }
     record = {"epoch": int(first.get("epoch", 0)), "step": int(first.get("step", 0)), "metrics": numeric}
     if int(first.get("resumed_from_epoch") or 0) > 0:  # the built-in recipes say where they started
