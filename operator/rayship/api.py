@@ -58,6 +58,9 @@ CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 SECRET_NAME_PATTERN = r"(?i)(pass(word)?|secret|token|api_?key|access_?key|private_?key|credential)"
 # runtimeEnv.workingDir in a cluster: a zip archive Ray downloads (a local folder only for `rayship run`).
 WORKING_DIR_URI_PATTERN = r"^(s3|gs|https?)://.+[.]zip$"
+# data.uri / data.validation.uri in a cluster: an absolute path (a mounted volume) or a URI (a
+# relative path is read from runtimeEnv.workingDir, as `rayship run` reads it beside the YAML file).
+DATA_URI_IN_CLUSTER_PATTERN = r"^(/|[a-z][a-z0-9+.-]*://)"
 
 
 # --- CEL rules: written once, enforced by the API server and by pydantic -----------------------
@@ -77,6 +80,20 @@ class CelRule:
 
     def as_schema(self) -> dict[str, str]:
         return {"rule": self.rule, "message": self.message}
+
+
+def data_uri_rule(field: str) -> CelRule:
+    """In a cluster, data is read from an absolute path (a mounted volume) or a URI; a relative path
+    only from the job's own runtimeEnv.workingDir (as `rayship run` reads it beside the YAML file)."""
+    parents = field.split(".")[:-1]
+    present = " && ".join(f"has(self.{'.'.join(field.split('.')[: i + 1])})" for i in range(len(parents) + 1))
+    return CelRule(
+        "(has(self.runtimeEnv) && has(self.runtimeEnv.workingDir)) || "
+        f"!({present}) || self.{field}.matches('{DATA_URI_IN_CLUSTER_PATTERN}')",
+        f"{field}: in a cluster a relative path is read from runtimeEnv.workingDir, and there is none: "
+        "use an absolute path (e.g. on the checkpoint volume) or a URI (s3://...)",
+        cluster_only=True,
+    )
 
 
 def cel_holds(rule: str, value: Any) -> bool:
@@ -916,6 +933,8 @@ class TrainingJobSpec(ApiModel):
             "checkpoint.storage.uri (only `rayship run` works without it, writing under ./rayship-runs)",
             cluster_only=True,
         ),
+        data_uri_rule("data.uri"),
+        data_uri_rule("data.validation.uri"),
     )
     image: str | None = Field(
         None,

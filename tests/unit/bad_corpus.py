@@ -261,6 +261,17 @@ SPEC_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
     ),
     ("runtime-env-bad-var-name", _set("spec.runtimeEnv", {"envVars": {"1X": "y"}}), "spec.runtimeEnv"),
     ("runtime-env-pip-not-a-list", _set("spec.runtimeEnv", {"pip": "torch"}), "spec.runtimeEnv.pip"),
+    # a relative data path is read beside the YAML by `rayship run`; a cluster reads it from workingDir only
+    (
+        "data-uri-relative-in-cluster",
+        _set("spec.data", {"source": "uri", "uri": "data/train.csv"}),
+        "data.uri: in a cluster a relative path",
+    ),
+    (
+        "validation-uri-relative-in-cluster",
+        _set("spec.data.validation", {"uri": "val.csv"}),
+        "data.validation.uri: in a cluster a relative path",
+    ),
     (
         "validation-fraction-and-uri",
         _set("spec.data.validation", {"fraction": 0.1, "uri": "/data/val.csv"}),

@@ -122,6 +122,29 @@ def test_deterministic_error_is_said_once_and_not_retried(ray_session, tmp_path:
     assert said == []  # nothing else was said: one attempt, one line
 
 
+def test_deterministic_error_in_a_tuning_trial_is_said_once_and_not_retried(
+    ray_session, tmp_path: Path
+) -> None:
+    """A trial runs as a plain run does: the same error in the loop's code fails the trial at its
+    first attempt, said in one line, instead of Ray Train's silent retries."""
+    from rayship_workloads import tune
+
+    doc = own_loop_job(tmp_path, "tests.workloads.loops:fails_deterministically")
+    doc["spec"]["failurePolicy"] = {"maxWorkerFailures": 3}
+    doc["spec"]["workers"]["replicas"] = 1
+    doc["spec"]["tuning"] = {
+        "numSamples": 1,
+        "scheduler": "fifo",
+        "searchSpace": {"learningRate": {"distribution": "grid", "values": [0.01]}},
+    }
+    tj = api.TrainingJob.model_validate(doc, context={"local": True})
+    with pytest.raises(RuntimeError, match="every tuning trial failed") as failed:
+        tune.search(tj, storage_root=str(tmp_path / "store"), say=lambda _: None)
+    message = str(failed.value)
+    assert "attempt 1/4 failed: IndexError: index out of range in self (File " in message, message
+    assert "not retried" in message and "attempt 2/4" not in message, message
+
+
 def test_rayship_run_appends_across_resumes_and_a_finished_job_needs_restart(
     ray_session, tmp_path: Path, capsys
 ) -> None:

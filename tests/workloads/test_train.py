@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,8 @@ from rayship_workloads import data, job, models, progress, recipes, strategies, 
 from tests.conftest import ROOT, SAMPLES
 
 pytestmark = pytest.mark.workloads
+
+LM_EXAMPLE = ROOT / "examples" / "lm-finetune" / "trainingjob.yaml"
 
 
 def spec(tmp_path: Path, **changes: Any) -> api.TrainingJob:
@@ -41,9 +44,10 @@ def spec(tmp_path: Path, **changes: Any) -> api.TrainingJob:
     return job.load_trainingjob(json.dumps(doc))
 
 
-def fit(tj: api.TrainingJob, tmp_path: Path) -> tuple[train.Outcome, Path]:
-    """Train under tmp_path/store; the outcome and the metrics.json the progress callback wrote."""
-    metrics, root = tmp_path / "metrics.json", str(tmp_path / "store")
+def fit(tj: api.TrainingJob, tmp_path: Path, storage_root: str | None = None) -> tuple[train.Outcome, Path]:
+    """Train under tmp_path/store (or `storage_root`); the outcome and the metrics.json the progress
+    callback wrote."""
+    metrics, root = tmp_path / "metrics.json", storage_root or str(tmp_path / "store")
     callback = progress.ProgressCallback(
         epochs=tj.spec.trainer.epochs, storage_root=root, metrics_path=str(metrics), echo=False
     )
@@ -311,27 +315,12 @@ def test_local_scale_down_is_said_in_one_line(tmp_path: Path) -> None:
 def test_rayship_run_of_a_tuning_spec_runs_the_trials_and_reports_the_best(
     ray_session, tmp_path: Path, capsys
 ) -> None:
-    """`rayship run` of the tuning sample (smaller, and without checkpoint storage: local mode picks its
-    own directory) runs the search, as the cluster does, and says what it found."""
+    """`rayship run` of examples/tune-asha runs the search, as the cluster does, and says what it found
+    (the test adds MLflow tracking: each trial an MLflow run, SQLite locally)."""
     from rayship import cli
 
-    doc = yaml.safe_load((SAMPLES / "trainingjob-tuning.yaml").read_text())
-    s = doc["spec"]
-    del s["checkpoint"]
-    s["trainer"]["epochs"] = 3
-    s["data"]["samples"] = 512
-    s["workers"].update(replicas=1, gpusPerWorker=0)
-    s["tuning"].update(
-        numSamples=1,  # the grid of 2 values, once: 2 trials (numSamples repeats it: Tune's own)
-        maxConcurrentTrials=1,
-        scheduler="asha",
-        asha={"maxT": 3, "gracePeriod": 1, "reductionFactor": 3},
-        searchSpace={
-            "learningRate": {"distribution": "loguniform", "low": 1e-4, "high": 3e-2},
-            "config.hidden": {"distribution": "grid", "values": [[16], [32, 32]]},
-        },
-    )
-    s["tracking"] = {"mlflow": {}}  # each trial an MLflow run (Ray Tune's MLflow logger), SQLite locally
+    doc = yaml.safe_load((ROOT / "examples" / "tune-asha" / "trainingjob.yaml").read_text())
+    doc["spec"]["tracking"] = {"mlflow": {}}  # each trial an MLflow run (Ray Tune's MLflow logger)
     path, runs = tmp_path / "tuning.yaml", tmp_path / "runs"
     path.write_text(yaml.safe_dump(doc))
     assert cli.main(["run", "-f", str(path), "--runs-dir", str(runs)]) == 0
@@ -510,45 +499,58 @@ def test_rayship_run_tracks_to_a_sqlite_store_beside_the_run_and_a_cluster_needs
         validation.parse(doc)
 
 
-def test_causal_lm_on_the_hugging_face_trainer_with_deepspeed_resumes_and_exports(
-    ray_session, tmp_path: Path
+@pytest.mark.timeout(600)
+def test_lm_finetune_example_on_the_hugging_face_trainer_with_deepspeed_resumes_and_exports(
+    ray_session, tmp_path: Path, capsys
 ) -> None:
-    """`trainer.config.engine: hf-trainer`: transformers.Trainer with the job's DeepSpeed settings as
-    its `deepspeed=` config, reporting each epoch (validation too) with signed `epoch-N` checkpoints
-    that hold the Trainer's checkpoint; a longer run resumes the last one; the model exports as the
-    built-in loop's does."""
-    changes: dict[str, Any] = {
-        "trainer.recipe": "causal-lm",
-        "trainer.strategy": "deepspeed",
-        "trainer.deepspeed": {"zeroStage": 2, "precision": "fp32"},
-        "trainer.epochs": 2,
-        "trainer.batchSizePerWorker": 16,
-        "trainer.learningRate": 0.003,
-        "trainer.config": {"max_length": 32, "engine": "hf-trainer"},
-        "data.samples": 96,
-        "data.validation": {"fraction": 0.25},
-        "workers.replicas": 1,
-    }
-    outcome, metrics = fit(spec(tmp_path, **changes), tmp_path)
-    history = json.loads(metrics.read_text())
+    """examples/lm-finetune through `rayship run -f`, with the one change the README names for a
+    2-core machine (`workers.replicas: 1`): transformers.Trainer with the job's DeepSpeed ZeRO-2
+    settings as its `deepspeed=` config (fp16 said to become fp32 on CPUs), the example's own corpus,
+    reporting each epoch (validation too) with signed `epoch-N` checkpoints that hold the Trainer's
+    checkpoint; the model exports as the built-in loop's does, its tokenizer round-trips text; the
+    same job run longer resumes the last checkpoint. (~2-3 min on 2 cores.)"""
+    from transformers import AutoTokenizer
+
+    from rayship import cli
+    from rayship_workloads import local
+
+    example = tmp_path / "lm-finetune"
+    shutil.copytree(LM_EXAMPLE.parent, example)  # its data.uri is relative to the YAML file
+    doc = yaml.safe_load(LM_EXAMPLE.read_text())
+    doc["spec"]["workers"]["replicas"] = 1
+    (example / "trainingjob.yaml").write_text(yaml.safe_dump(doc))
+    runs = tmp_path / "runs"
+    assert cli.main(["run", "-f", str(example / "trainingjob.yaml"), "--runs-dir", str(runs)]) == 0
+    assert "precision fp16 -> fp32: CPUs do not train in fp16" in capsys.readouterr().out
+    out = runs / "lm-finetune"
+    history = json.loads((out / "metrics.json").read_text())
     assert [h["epoch"] for h in history] == [1, 2], history
     last = history[-1]["metrics"]
     assert last["perplexity"] == pytest.approx(math.exp(last["evalLoss"])) and last["loss"] > 0
-    assert checkpoints(outcome) == ["epoch-00001", "epoch-00002"]
-    saved = Path(outcome.storage_root, outcome.run_name, "epoch-00002")
+    run_dir = out / "checkpoints" / "default.lm-finetune"
+    assert sorted(p.name for p in run_dir.glob("epoch-*")) == ["epoch-00001", "epoch-00002"]
+    saved = run_dir / "epoch-00002"
     assert json.loads((saved / recipes.STATE).read_text())["strategy"] == "hf-trainer/deepspeed"
     assert list((saved / "checkpoint").glob("global_step*/*optim_states.pt")), sorted(
         saved.rglob("*")
     )  # ZeRO
-    model, manifest = models.load_model(outcome.model_uri)
+    model_uri = json.loads((out / "result.json").read_text())["model"]
+    model, manifest = models.load_model(model_uri)
     assert manifest["recipe"] == "causal-lm" and manifest["tokenizer"] == "pretrained"
+    tokenizer = AutoTokenizer.from_pretrained(model_uri)
+    ids = tokenizer("the ray ")["input_ids"]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "the ray "
     with torch.no_grad():
-        assert torch.isfinite(model(input_ids=torch.tensor([list(b"the ray ")])).logits).all()
+        assert torch.isfinite(model(input_ids=torch.tensor([ids])).logits).all()
 
-    changes["trainer.epochs"] = 3  # the same run, longer: resumes after epoch 2
-    outcome, metrics = fit(spec(tmp_path, **changes), tmp_path)
+    doc["spec"]["trainer"]["epochs"] = 3  # the same run, longer: resumes after epoch 2
+    tj = validation.parse(doc, local=True)
+    assert isinstance(tj, api.TrainingJob)
+    local.resolve_paths(tj, example)
+    tj, _ = local.localize(tj, cores=2, has_gpu=False)
+    outcome, metrics = fit(tj, tmp_path, storage_root=str(out / "checkpoints"))
     history = json.loads(metrics.read_text())
-    assert [h["epoch"] for h in history] == [1, 2, 3] and history[-1]["resumedFromEpoch"] == 2, history
+    assert [h["epoch"] for h in history] == [3] and history[-1]["resumedFromEpoch"] == 2, history
     assert checkpoints(outcome)[-1] == "epoch-00003" and outcome.model_uri is not None
 
 

@@ -9,14 +9,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import yaml
 from ray.tune.schedulers import PopulationBasedTraining
 
 from rayship import api
 from rayship_workloads import tune
-from tests.conftest import SAMPLES
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.workloads
+
+PBT_EXAMPLE = ROOT / "examples" / "tune-pbt" / "trainingjob.yaml"
 
 
 def tuning(**fields: object) -> api.TuningSpec:
@@ -134,29 +135,10 @@ def test_pbt_hands_the_better_trials_checkpoint_to_the_worse_one(ray_session, tm
     Slow (~100 s on 2 cores): every pause and hand-off starts a new Ray Train run."""
     from rayship import cli
 
-    doc = yaml.safe_load((SAMPLES / "trainingjob-tuning.yaml").read_text())
-    doc["metadata"]["name"] = "pbt"
-    s = doc["spec"]
-    del s["checkpoint"]
-    s["trainer"].update(epochs=2, batchSizePerWorker=32)
-    s["data"]["samples"] = 256
-    s["workers"].update(replicas=1, gpusPerWorker=0)
-    s["tuning"] = {
-        "numSamples": 1,
-        "maxConcurrentTrials": 2,  # the whole population
-        "scheduler": "pbt",
-        # synchronous: the trials meet at every epoch (asynchronous, the first to start can finish
-        # before the other's second epoch, leaving nothing to hand over)
-        "pbt": {
-            "perturbationInterval": 1,
-            "quantileFraction": 0.5,
-            "resampleProbability": 0,
-            "synchronous": True,
-        },
-        "searchSpace": {"learningRate": {"distribution": "grid", "values": [1e-5, 3e-2]}},
-    }
-    path, runs = tmp_path / "pbt.yaml", tmp_path / "runs"
-    path.write_text(yaml.safe_dump(doc))
+    # examples/tune-pbt as shipped: two trials (learning rates 1e-5 and 3e-2), perturbed every epoch,
+    # synchronous (asynchronous, the first trial to start can finish before the other's second epoch,
+    # leaving nothing to hand over)
+    path, runs = PBT_EXAMPLE, tmp_path / "runs"
     assert cli.main(["run", "-f", str(path), "--runs-dir", str(runs)]) == 0
     out = capsys.readouterr().out
     results = runs / "pbt" / "checkpoints" / "default.pbt-tune"
@@ -194,3 +176,21 @@ def test_pbt_hands_the_better_trials_checkpoint_to_the_worse_one(ray_session, tm
     assert f"trial {donor}  epoch 1/2  loss " in out and "Trial status" not in out
     result = json.loads((runs / "pbt" / "result.json").read_text())
     assert result["tuning"]["trials"] == 2 and result["model"]
+
+
+def test_asha_knobs_reach_tune_in_epochs() -> None:
+    """tuning.asha's maxT, gracePeriod and reductionFactor are ASHA's, counted in epochs (its rungs:
+    gracePeriod x reductionFactor^k below maxT); maxT defaults to trainer.epochs."""
+    spec = api.TuningSpec.model_validate(
+        {
+            "scheduler": "asha",
+            "asha": {"maxT": 9, "gracePeriod": 2, "reductionFactor": 3},
+            "searchSpace": {"learningRate": {"distribution": "loguniform", "low": 1e-4, "high": 1e-2}},
+        }
+    )
+    asha = tune.scheduler(spec, epochs=20)
+    (bracket,) = asha._brackets
+    assert (asha._time_attr, asha._max_t, bracket.rf) == ("epoch", 9, 3)
+    assert [milestone for milestone, _ in bracket._rungs] == [6, 2]
+    default = tune.scheduler(spec.model_copy(update={"asha": None}), epochs=20)
+    assert default._max_t == 20

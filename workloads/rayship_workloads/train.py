@@ -269,15 +269,18 @@ def fit(
     quiet: bool,
     runtime_env: dict[str, Any] | None,
     say: Callable[[str], None],
+    name: str | None = None,
 ) -> tuple[Result, Prepared]:
-    """Fit `tj`, retrying failed attempts (failurePolicy.maxWorkerFailures) from the latest checkpoint,
-    each said with `say` as "attempt k/N failed: ...". An error raised by the code (not a worker that
-    died) before a new checkpoint is not retried: the retry would run the same code from the same state."""
+    """Fit `tj` (as run `name`, default its own), retrying failed attempts
+    (failurePolicy.maxWorkerFailures) from the latest checkpoint, each said with `say` as "attempt k/N
+    failed: ...". An error raised by the code (not a worker that died) before a new checkpoint is not
+    retried: the retry would run the same code from the same state."""
     attempts = tj.spec.failure_policy.max_worker_failures + 1
     for attempt in range(1, attempts + 1):
         trainer, prepared = build_trainer(
             tj,
             storage_root=storage_root,
+            name=name,
             callbacks=callbacks,
             quiet=quiet,
             runtime_env=runtime_env,

@@ -283,17 +283,20 @@ def search(
 
     def trial(params: dict[str, Any]) -> None:
         ray.data.DataContext.get_current().enable_progress_bars = progress_bars  # the trial loads the data
-        trial_run = f"{base_name}-{tune.get_context().get_trial_id()}"
+        trial_id = tune.get_context().get_trial_id()
+        trial_run = f"{base_name}-{trial_id}"
         if not pbt:
-            trainer, _ = train.build_trainer(
+            # Retried as a plain run is: an error in the code is said once and fails the trial, a dead
+            # worker is retried from the trial's latest checkpoint (train.fit).
+            train.fit(
                 apply(tj, params),
                 storage_root=storage_root,
                 name=trial_run,
                 quiet=True,
                 callbacks=[TuneReportCallback()],
                 runtime_env=runtime_env,
+                say=lambda line: print(f"trial {trial_id}  {line}", flush=True),
             )
-            trainer.fit()
             return
         restored = tune.get_checkpoint()  # the better trial's (after an exploit), or this trial's own
         handed = progress.checkpoint_uri(restored, storage_root) if restored is not None else None
