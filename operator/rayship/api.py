@@ -1170,6 +1170,28 @@ class Batching(ApiModel):
     batch_wait_timeout_ms: int = Field(10, ge=0, le=10_000, description="How long a batch waits to fill up.")
 
 
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_ROWS_PER_REQUEST = 4096
+
+
+class RequestLimits(ApiModel):
+    """Limits on one request to the built-in server: over them it answers HTTP 413 naming the limit."""
+
+    max_request_bytes: int = Field(
+        DEFAULT_MAX_REQUEST_BYTES,
+        ge=1,
+        le=1024**3,
+        description="Largest request body in bytes (checked from Content-Length before it is read, and while "
+        "reading).",
+    )
+    max_rows_per_request: int = Field(
+        DEFAULT_MAX_ROWS_PER_REQUEST,
+        ge=1,
+        le=1_000_000,
+        description="Most rows (instances) in one /predict request.",
+    )
+
+
 class UpgradeOptions(ApiModel):
     """Traffic shifting for upgradeStrategy NewClusterWithIncrementalUpgrade (needs Gateway API)."""
 
@@ -1243,16 +1265,17 @@ class DeploymentSettings(ApiModel):
 
 class ServeApplication(ApiModel):
     """Your own Ray Serve application instead of rayship's model server: an application builder
-    (`def app_builder(args) -> Application`) or a bound deployment graph, by import path. rayship resolves
-    the model (model.uri or model.fromTrainingJob) and hands its URI to the builder as
-    `args.modelUri` (with spec.models: `args.models`, name -> URI), so a new model rolls out in place as
-    with the built-in server."""
+    (`def app_builder(args) -> Application`, which may return a graph of bound deployments), by import
+    path. rayship resolves the model (model.uri or model.fromTrainingJob) and hands its URI to the
+    builder as `args.modelUri` (with spec.models: `args.models`, name -> URI), so a new model rolls out
+    in place as with the built-in server. A module-level bound application takes no args (Ray refuses
+    them), so it cannot be handed the model: wrap it in a builder."""
 
     import_path: str = Field(
         ...,
         pattern=IMPORT_PATH_PATTERN,
         max_length=512,
-        description="module:attribute of the application builder or bound application, e.g. pipeline:app_builder.",
+        description="module:attribute of the application builder app_builder(args), e.g. pipeline:app_builder.",
     )
     args: dict[str, Any] = Field(
         default_factory=dict,
@@ -1429,6 +1452,9 @@ class ModelServiceSpec(ApiModel):
     replicas: ServeReplicas = sub(ServeReplicas, "Replica autoscaling.")
     resources: ServeResources = sub(ServeResources, "Resources per replica.")
     batching: Batching = sub(Batching, "Request batching.")
+    request_limits: RequestLimits = sub(
+        RequestLimits, "Limits on one request (the built-in server: HTTP 413)."
+    )
     route_prefix: str = Field(
         "/",
         pattern=ROUTE_PREFIX_PATTERN,

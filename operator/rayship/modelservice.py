@@ -266,7 +266,9 @@ def serve_args(ms: api.ModelService, model: Model) -> dict[str, Any]:
     """The application's `args`: exactly what `rayship_workloads.serve.ServeArgs` accepts."""
     spec = ms.spec
     multiplexing = (
-        {"modelCacheSize": spec.model_cache_size or api.DEFAULT_MODEL_CACHE_SIZE} if spec.models else {}
+        {"modelCacheSize": spec.model_cache_size or api.DEFAULT_MODEL_CACHE_SIZE}
+        if spec.models
+        else {"modelName": ms.metadata.name}  # the one model's name in OpenAI requests and /v1/models
     )
     return {
         **model_args(ms, model),
@@ -279,6 +281,8 @@ def serve_args(ms: api.ModelService, model: Model) -> dict[str, Any]:
         "targetOngoingRequests": spec.replicas.target_ongoing_requests,
         "numCpus": spec.resources.cpus,
         "numGpus": spec.resources.gpus,
+        "maxRequestBytes": spec.request_limits.max_request_bytes,
+        "maxRowsPerRequest": spec.request_limits.max_rows_per_request,
     }
 
 

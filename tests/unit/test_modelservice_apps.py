@@ -90,6 +90,23 @@ def test_builtin_server_shows_concurrency_and_initial_replicas(rayservice_valida
     assert deployment["max_ongoing_requests"] == 16  # derived (2 x maxBatchSize), and visible
 
 
+def test_builtin_server_gets_the_request_limits_and_the_services_name(rayservice_validator: Any) -> None:
+    """spec.requestLimits reach the built-in server's args (its 413s), and the model's name in OpenAI
+    requests and /v1/models is the ModelService's; both pass the server's own ServeArgs."""
+    pytest.importorskip("ray.serve", reason="the workload stack is not installed: run `make setup`")
+    from rayship_workloads.serve import ServeArgs
+
+    doc = yaml.safe_load((Path(__file__).parent / "specs" / "modelservice-uri-cpu.yaml").read_text())
+    doc["spec"]["requestLimits"] = {"maxRequestBytes": 65536, "maxRowsPerRequest": 64}
+    _, config = render(doc, rayservice_validator)
+    args = ServeArgs.model_validate(config["applications"][0]["args"])
+    assert (args.max_request_bytes, args.max_rows_per_request) == (65536, 64)
+    assert args.model_name == doc["metadata"]["name"]
+    del doc["spec"]["requestLimits"]
+    args = ServeArgs.model_validate(render(doc, rayservice_validator)[1]["applications"][0]["args"])
+    assert (args.max_request_bytes, args.max_rows_per_request) == (8 * 1024 * 1024, 4096)  # the defaults
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
@@ -130,6 +147,10 @@ def test_builtin_server_shows_concurrency_and_initial_replicas(rayservice_valida
             "autoscaling.minReplicas must not exceed maxReplicas",
         ),
         ({"application": {"importPath": "p:app", "runtimeEnv": {"workingDir": "."}}}, "zip archive's URI"),
+        (
+            {"requestLimits": {"maxRequestBytes": 0}},
+            "spec.requestLimits.maxRequestBytes: input should be greater",
+        ),
     ],
 )
 def test_bad_input_is_one_line(

@@ -56,15 +56,13 @@ from ray.serve import Application
 from ray.serve.deployment import Deployment
 
 from rayship import modelservice, names
-from rayship.api import DEFAULT_MODEL_CACHE_SIZE
+from rayship.api import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_ROWS_PER_REQUEST, DEFAULT_MODEL_CACHE_SIZE
 from rayship_workloads import llm, models, recipes
 from rayship_workloads.llm import RequestError
 
 APP_NAME = "rayship"
 DEPLOYMENT_NAME = names.SERVE_DEPLOYMENT
 STATS_WINDOW = 1024  # batch sizes kept per replica for GET /stats
-DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
-DEFAULT_MAX_ROWS_PER_REQUEST = 4096
 DEFAULT_MODEL_NAME = "model"
 MULTIPLEXED_MODEL_HEADER = "serve_multiplexed_model_id"  # what Serve's proxy routes on
 
@@ -193,7 +191,7 @@ class _BatchSettings(Protocol):
 def _too_many_bytes(limit: int) -> TooLarge:
     return TooLarge(
         f"request body is over {limit} bytes (maxRequestBytes); send fewer rows per request "
-        "or raise maxRequestBytes in the application's args"
+        "or raise maxRequestBytes (a ModelService's spec.requestLimits, or the application's args)"
     )
 
 
@@ -250,7 +248,8 @@ def parse_instances(
     if len(instances) > max_rows:
         raise TooLarge(
             f"{len(instances)} instances is over {max_rows} rows per request (maxRowsPerRequest); "
-            "split the request or raise maxRowsPerRequest in the application's args"
+            "split the request or raise maxRowsPerRequest (a ModelService's spec.requestLimits, or the "
+            "application's args)"
         )
     rows: list[list[float]] = []
     for i, row in enumerate(instances):
