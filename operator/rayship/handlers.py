@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -213,17 +214,28 @@ def trainingjob_changed(
     reconcile(TRAINING, _namespaced(namespace), name, memo.config, Seen(_kept(body), rayjob))
 
 
-# Every TrainingJob seen and not seen deleted: (namespace, name). The resync thread reconciles each.
+# Every TrainingJob seen and not seen deleted: (namespace, name). The resync thread reconciles each,
+# from what kopf's watches hold (`_watched`: its indexes, set by the first TrainingJob event).
 _trainingjobs: set[tuple[str, str]] = set()
+_watched: dict[str, kopf.Index[tuple[str | None, str], dict[str, Any]]] = {}
+# When each object's last reconcile succeeded, (kind, namespace, name) -> monotonic seconds: the
+# resync reconciles only those no event reconciled within the interval.
+_reconciled: dict[tuple[str, str, str], float] = {}
 _stop_resync = threading.Event()
 
 
 def resync_trainingjobs(config: OperatorConfig) -> None:
     """Converge even if an event, or the reconcile it triggered, was lost (event handlers are never
-    retried): every TrainingJob is reconciled from the API server about every `resync_seconds`,
-    spread over that interval. One thread, not a kopf timer per object: kopf puts a finalizer on
-    every object with a timer (a PATCH at creation and one at deletion, and no deletion at all
-    while the operator is down)."""
+    retried): every TrainingJob is reconciled at least about every `resync_seconds` (those an event
+    reconciled within the interval are skipped), spread over that interval.
+    One thread, not a kopf timer per object: kopf puts a finalizer on every object with a timer (a
+    PATCH at creation and one at deletion, and no deletion at all while the operator is down).
+
+    Each pass works from what the watches hold (kopf re-lists after a broken watch, so they hold every
+    change the API server made), as an event's reconcile does: a missing RayJob is confirmed with a
+    GET before the plan acts on its absence, and a status write at a stale resourceVersion (409)
+    reads both afresh. So a resync that finds nothing to do makes no API call; one GET per object per
+    interval would be most of the operator's calls at scale."""
     while not _stop_resync.is_set():
         known = sorted(_trainingjobs)
         if not known:
@@ -233,12 +245,24 @@ def resync_trainingjobs(config: OperatorConfig) -> None:
                 return
             if (namespace, name) not in _trainingjobs:
                 continue  # deleted meanwhile
+            if (
+                time.monotonic() - _reconciled.get((TRAINING.kind, namespace, name), -math.inf)
+                < config.resync_seconds
+            ):
+                continue  # an event reconciled it within the interval (and none races it now)
             try:
-                reconcile(TRAINING, namespace, name, config)
+                reconcile(TRAINING, namespace, name, config, _watched_now(namespace, name))
             except kopf.TemporaryError as err:
                 log.warning("resync of TrainingJob %s/%s: %s; again at the next resync", namespace, name, err)
             except Exception:  # one object's failure must not stop the others' resync
                 log.exception("resync of TrainingJob %s/%s failed; again at the next resync", namespace, name)
+
+
+def _watched_now(namespace: str, name: str) -> Seen | None:
+    """A TrainingJob and its RayJob as kopf's watches hold them (None: not watched yet: read them)."""
+    if not _watched or (obj := _one(_watched["trainingjobs"], (namespace, name))) is None:
+        return None
+    return Seen(obj, _one(_watched["rayjobs"], (namespace, names.rayjob_name(name))))
 
 
 @kopf.on.cleanup()
@@ -314,12 +338,16 @@ def trainingjob_for_services(
     name: str,
     uid: str | None,
     services_by_trainingjob: kopf.Index[tuple[str | None, str], str],
+    trainingjobs_seen: kopf.Index[tuple[str | None, str], dict[str, Any]],
+    rayjobs_seen: kopf.Index[tuple[str | None, str], dict[str, Any]],
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
     """A TrainingJob changed (or went away): the ModelServices that serve it re-resolve their model."""
+    _watched.update(trainingjobs=trainingjobs_seen, rayjobs=rayjobs_seen)  # kopf's live views, for resync
     if type == "DELETED":
         _trainingjobs.discard((_namespaced(namespace), name))
+        _reconciled.pop((TRAINING.kind, _namespaced(namespace), name), None)
         if uid:
             _forget(uid)
     else:
@@ -354,9 +382,13 @@ def _one(index: kopf.Index[Any, dict[str, Any]], key: Any) -> dict[str, Any] | N
 
 
 @kopf.on.event(*api.MODELSERVICES)
-def modelservice_gone(*, type: str | None, uid: str | None, **_: Any) -> None:
-    if type == "DELETED" and uid:
-        _forget(uid)
+def modelservice_gone(
+    *, type: str | None, uid: str | None, namespace: str | None, name: str, **_: Any
+) -> None:
+    if type == "DELETED":
+        _reconciled.pop((SERVING.kind, _namespaced(namespace), name), None)
+        if uid:
+            _forget(uid)
 
 
 def _forget(uid: str) -> None:
@@ -396,6 +428,7 @@ def reconcile(
         with metrics.RECONCILE_ERRORS.labels(ctl.kind).count_exceptions():
             for attempt in range(CONFLICT_RETRIES):
                 if _reconcile_once(ctl, namespace, name, config, seen if attempt == 0 else None):
+                    _reconciled[(ctl.kind, namespace, name)] = time.monotonic()
                     return
             raise kopf.TemporaryError(f"{ctl.kind} {namespace}/{name} kept changing; retrying", delay=2)
     finally:

@@ -315,7 +315,7 @@ def plan(
             rayjob_name,
             create=created,
             prerequisites=tuple(rbac),
-            on_create=Event("Normal", "RayJobCreated", f"created RayJob {rayjob_name}"),
+            on_create=Event("Normal", CREATED, f"created RayJob {rayjob_name}"),
             warnings=tuple(Event("Warning", "PlainSecretValue", w) for w in secret_looking_env(tj)),
             context=observed,
         )
@@ -346,11 +346,12 @@ def plan(
 # --- status ------------------------------------------------------------------------------------
 
 ANY = "*"
+CREATED = "RayJobCreated"  # the reason of the phase a new RayJob starts in, and of its creation's Event
 
 # (jobDeploymentStatus, jobStatus) -> (phase, reason, message). KubeRay v1.7 values.
 # A message of None means "use the RayJob's own status.message".
 PHASE_TABLE: dict[tuple[str, str], tuple[str, str, str | None]] = {
-    ("", ANY): ("Pending", "RayJobCreated", "KubeRay has not started the Ray cluster yet"),
+    ("", ANY): ("Pending", CREATED, "KubeRay has not started the Ray cluster yet"),
     ("Initializing", ANY): (
         "Pending",
         "ClusterInitializing",
@@ -597,12 +598,14 @@ BLOCKED_REASONS = frozenset({"PreviousRayJobTerminating", "RayJobNameTaken"}) | 
 
 
 def announce(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Event]:
-    """A Kubernetes Event for each phase transition and each new spec-edit report."""
+    """A Kubernetes Event for each phase transition and each new spec-edit report. Not for the phase
+    a new RayJob starts in (reason RayJobCreated): the pass that created it said "created RayJob ..."
+    (one Event, and one API call, per fact; the RayJob's own watch event may write that phase first)."""
     events: list[Event] = []
     phase = desired.get("phase")
-    if phase != current.get("phase"):
-        # Every phase condition carries the phase's reason and message; Invalid has only "Valid".
-        cond = find(desired, "Valid" if phase == "Invalid" else "Running")
+    # Every phase condition carries the phase's reason and message; Invalid has only "Valid".
+    cond = find(desired, "Valid" if phase == "Invalid" else "Running")
+    if phase != current.get("phase") and cond.get("reason") != CREATED:
         events.append(
             Event(
                 "Warning" if phase in ("Failed", "Invalid") else "Normal",

@@ -231,3 +231,18 @@ def test_a_pod_that_cannot_start_is_named_in_the_pending_status() -> None:
         trainingjob.starting_pods({"status": {"jobDeploymentStatus": "Running", "rayClusterName": "c"}})
         is None
     )
+
+
+def test_the_phase_a_new_rayjob_starts_in_is_not_announced_again() -> None:
+    """The creating pass posts "created RayJob x"; the Pending/RayJobCreated phase it leads to (which
+    the RayJob's own watch event may write first) is not a second Event. Later phases are."""
+    created = {
+        "phase": "Pending",
+        "conditions": [{"type": "Running", "status": "False", "reason": "RayJobCreated", "message": "..."}],
+    }
+    assert trainingjob.announce({}, created) == []
+    initializing = {
+        "phase": "Running",
+        "conditions": [{"type": "Running", "status": "True", "reason": "JobRunning", "message": "training"}],
+    }
+    assert [e.reason for e in trainingjob.announce(created, initializing)] == ["JobRunning"]
