@@ -119,3 +119,25 @@ def test_a_record_says_where_training_stopped_early_and_keeps_an_own_loops_flags
     assert record["metrics"] == {"loss": pytest.approx(0.6), "ok": 0.5}
     assert "stoppedEarly" not in progress.summarize([{"epoch": 1, "step": 1, "loss": 1.0}])
     assert "stopped early" in progress.epoch_line(record, 10)
+
+
+def test_an_unreadable_metrics_json_is_set_aside_not_overwritten(
+    tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A resumed run whose metrics.json cannot be read keeps it (renamed, and said) instead of writing
+    its new history over it; the history is written whole (never half a file)."""
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text('[{"epoch": 1, "step": 4, "metrics": {"loss": 0.5}}, {"epo')  # cut short by a crash
+    with caplog.at_level(logging.WARNING, logger="rayship.progress"):
+        callback = progress.ProgressCallback(
+            epochs=3, storage_root=str(tmp_path), metrics_path=str(metrics), echo=False
+        )
+    assert callback.history == [] and not metrics.exists()
+    (aside,) = tmp_path.glob("metrics.json.unreadable-*")
+    assert aside.read_text().endswith('{"epo') and str(aside) in caplog.text
+    callback.after_report(None, [{"epoch": 2, "step": 8, "loss": 0.25}], None)
+    assert [r["epoch"] for r in json.loads(metrics.read_text())] == [2]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("metrics.json.unreadable")) == [
+        "metrics.json"
+    ]  # no partial file left
+    assert progress.read_history(str(metrics)) == json.loads(metrics.read_text())

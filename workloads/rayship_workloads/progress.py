@@ -78,13 +78,30 @@ def summarize(metrics: list[dict[str, Any]]) -> dict[str, Any]:
     return record
 
 
-def read_history(path: str) -> list[dict[str, Any]]:
-    """The records of a metrics.json so far ([] if there is none or it is not a list)."""
+def read_history(path: str, *, set_aside_unreadable: bool = False) -> list[dict[str, Any]]:
+    """The records of a metrics.json so far ([] if there is none or it is not a list of records).
+    `set_aside_unreadable`: a file that is not one is renamed `<path>.unreadable-<time>` (and said),
+    so the history written next does not replace it without a word."""
     try:
         history = json.loads(Path(path).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    except FileNotFoundError:
         return []
-    return history if isinstance(history, list) else []
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        history = None
+    if isinstance(history, list):
+        return history
+    if set_aside_unreadable:
+        aside = f"{path}.unreadable-{int(time.time())}"
+        Path(path).replace(aside)
+        log.warning("%s is not a list of epoch records: kept as %s; the history starts anew", path, aside)
+    return []
+
+
+def write_history(path: str, history: list[dict[str, Any]]) -> None:
+    """metrics.json replaced whole (written beside it, then renamed): a crash never leaves half of it."""
+    partial = Path(f"{path}.partial")
+    partial.write_text(json.dumps(history, indent=2))
+    partial.replace(path)
 
 
 SHOWN_METRICS = ("loss", "evalLoss", "perplexity")
@@ -159,7 +176,9 @@ class ProgressCallback(UserCallback):
         self.status = TrainingJobStatus(trainingjob) if trainingjob else None
         self.echo = echo
         # A resumed run goes on with the history it had (metrics.json and its plot cover every epoch).
-        self.history: list[dict[str, Any]] = read_history(metrics_path) if metrics_path else []
+        self.history: list[dict[str, Any]] = (
+            read_history(metrics_path, set_aside_unreadable=True) if metrics_path else []
+        )
         self._last_patch = 0.0
         self._last_checkpoint: str | None = None
 
@@ -177,7 +196,7 @@ class ProgressCallback(UserCallback):
             saved = f"  checkpoint {self._last_checkpoint}" if checkpoint is not None else ""
             print(f"[rayship] {epoch_line(record, self.epochs)}{saved}", flush=True)
         if self.metrics_path:
-            Path(self.metrics_path).write_text(json.dumps(self.history, indent=2))
+            write_history(self.metrics_path, self.history)
         if self.status is not None:
             due = time.monotonic() - self._last_patch >= MIN_INTERVAL_S
             if due or checkpoint is not None or record["epoch"] >= self.epochs or "stoppedEarly" in record:
