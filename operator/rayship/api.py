@@ -85,8 +85,8 @@ class CelRule:
 def data_uri_rule(field: str) -> CelRule:
     """In a cluster, data is read from an absolute path (a mounted volume) or a URI; a relative path
     only from the job's own runtimeEnv.workingDir (as `rayship run` reads it beside the YAML file)."""
-    parents = field.split(".")[:-1]
-    present = " && ".join(f"has(self.{'.'.join(field.split('.')[: i + 1])})" for i in range(len(parents) + 1))
+    parts = field.split(".")
+    present = " && ".join(f"has(self.{'.'.join(parts[:i])})" for i in range(1, len(parts) + 1))
     return CelRule(
         "(has(self.runtimeEnv) && has(self.runtimeEnv.workingDir)) || "
         f"!({present}) || self.{field}.matches('{DATA_URI_IN_CLUSTER_PATTERN}')",
