@@ -211,16 +211,16 @@ def trainingjob_changed(
     rayjob = _one(rayjobs_seen, (namespace, names.rayjob_name(name)))
     if rayjob is not None:
         rayjob = k8s.get(api.RAYJOBS, _namespaced(namespace), names.rayjob_name(name))
-    reconcile(TRAINING, _namespaced(namespace), name, memo.config, Seen(_kept(body), rayjob))
+    reconcile_trainingjob(_namespaced(namespace), name, memo.config, Seen(_kept(body), rayjob))
 
 
 # Every TrainingJob seen and not seen deleted: (namespace, name). The resync thread reconciles each,
 # from what kopf's watches hold (`_watched`: its indexes, set by the first TrainingJob event).
 _trainingjobs: set[tuple[str, str]] = set()
 _watched: dict[str, kopf.Index[tuple[str | None, str], dict[str, Any]]] = {}
-# When each object's last reconcile succeeded, (kind, namespace, name) -> monotonic seconds: the
+# When each TrainingJob's last reconcile succeeded, (namespace, name) -> monotonic seconds: the
 # resync reconciles only those no event reconciled within the interval.
-_reconciled: dict[tuple[str, str, str], float] = {}
+_reconciled: dict[tuple[str, str], float] = {}
 _stop_resync = threading.Event()
 
 
@@ -245,17 +245,20 @@ def resync_trainingjobs(config: OperatorConfig) -> None:
                 return
             if (namespace, name) not in _trainingjobs:
                 continue  # deleted meanwhile
-            if (
-                time.monotonic() - _reconciled.get((TRAINING.kind, namespace, name), -math.inf)
-                < config.resync_seconds
-            ):
+            if time.monotonic() - _reconciled.get((namespace, name), -math.inf) < config.resync_seconds:
                 continue  # an event reconciled it within the interval (and none races it now)
             try:
-                reconcile(TRAINING, namespace, name, config, _watched_now(namespace, name))
+                reconcile_trainingjob(namespace, name, config, _watched_now(namespace, name))
             except kopf.TemporaryError as err:
                 log.warning("resync of TrainingJob %s/%s: %s; again at the next resync", namespace, name, err)
             except Exception:  # one object's failure must not stop the others' resync
                 log.exception("resync of TrainingJob %s/%s failed; again at the next resync", namespace, name)
+
+
+def reconcile_trainingjob(namespace: str, name: str, config: OperatorConfig, seen: Seen | None) -> None:
+    """`reconcile` of a TrainingJob, its success noted for the resync."""
+    reconcile(TRAINING, namespace, name, config, seen)
+    _reconciled[(namespace, name)] = time.monotonic()
 
 
 def _watched_now(namespace: str, name: str) -> Seen | None:
@@ -284,7 +287,7 @@ def rayjob_changed(
     owner = labels[names.LABEL_TRAININGJOB]
     known = _one(trainingjobs_seen, (namespace, owner))
     seen = None if known is None else Seen(known, None if type == "DELETED" else _kept(body))
-    reconcile(TRAINING, _namespaced(namespace), owner, memo.config, seen)
+    reconcile_trainingjob(_namespaced(namespace), owner, memo.config, seen)
 
 
 # --- ModelService --------------------------------------------------------------------------------
@@ -347,7 +350,7 @@ def trainingjob_for_services(
     _watched.update(trainingjobs=trainingjobs_seen, rayjobs=rayjobs_seen)  # kopf's live views, for resync
     if type == "DELETED":
         _trainingjobs.discard((_namespaced(namespace), name))
-        _reconciled.pop((TRAINING.kind, _namespaced(namespace), name), None)
+        _reconciled.pop((_namespaced(namespace), name), None)
         if uid:
             _forget(uid)
     else:
@@ -382,13 +385,9 @@ def _one(index: kopf.Index[Any, dict[str, Any]], key: Any) -> dict[str, Any] | N
 
 
 @kopf.on.event(*api.MODELSERVICES)
-def modelservice_gone(
-    *, type: str | None, uid: str | None, namespace: str | None, name: str, **_: Any
-) -> None:
-    if type == "DELETED":
-        _reconciled.pop((SERVING.kind, _namespaced(namespace), name), None)
-        if uid:
-            _forget(uid)
+def modelservice_gone(*, type: str | None, uid: str | None, **_: Any) -> None:
+    if type == "DELETED" and uid:
+        _forget(uid)
 
 
 def _forget(uid: str) -> None:
@@ -428,7 +427,6 @@ def reconcile(
         with metrics.RECONCILE_ERRORS.labels(ctl.kind).count_exceptions():
             for attempt in range(CONFLICT_RETRIES):
                 if _reconcile_once(ctl, namespace, name, config, seen if attempt == 0 else None):
-                    _reconciled[(ctl.kind, namespace, name)] = time.monotonic()
                     return
             raise kopf.TemporaryError(f"{ctl.kind} {namespace}/{name} kept changing; retrying", delay=2)
     finally:
