@@ -127,16 +127,12 @@ def init_ray(workers: int, runtime_env: dict[str, Any] | None = None) -> dict[st
 def follow(metrics_path: Path, epochs: int, stop: threading.Event, since: float) -> None:
     """Print one line per epoch reported after `since` (a time), as the progress callback writes
     metrics.json (a resumed run's earlier records stay in it, and are not printed again)."""
-    from rayship_workloads.progress import epoch_line
+    from rayship_workloads.progress import epoch_line, read_history
 
     last = since
     while True:
         stopping = stop.wait(0.5)
-        try:
-            history = json.loads(metrics_path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):  # not written yet, or mid-write
-            history = []
-        for record in history:
+        for record in read_history(str(metrics_path)):  # [] until the first epoch is written
             if float(record.get("time", 0)) > last:
                 saved = f"  checkpoint {record['checkpoint']}" if record.get("checkpoint") else ""
                 print(f"{epoch_line(record, epochs)}{saved}", flush=True)
