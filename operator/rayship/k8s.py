@@ -44,8 +44,8 @@ class Rejected(Exception):
 
 
 class Busy(Exception):
-    """An object of that name belongs to an earlier owner of the same name, which is being
-    garbage-collected: retry later."""
+    """Not now, retry in seconds: an object of that name belongs to an earlier owner of the same name,
+    which is being garbage-collected, or the API server does not know a kind it was just given yet."""
 
 
 def configure() -> None:
@@ -69,15 +69,21 @@ def _custom() -> kubernetes.client.CustomObjectsApi:
     return kubernetes.client.CustomObjectsApi(_client())
 
 
-def _refusal(err: ApiException) -> Rejected | None:
-    """A 400/422 as `Rejected`, with the API server's own message (it names the field)."""
-    if err.status not in (400, 422):
-        return None
+def _classified(err: ApiException) -> Rejected | Busy | None:
+    """What a refusal means for the reconcile: a 400/422 is `Rejected`, with the API server's own
+    message (it names the field); a 403 because the API server cannot map the owner's kind yet (a CRD
+    installed moments ago: the OwnerReferencesPermissionEnforcement admission checks ownerReferences
+    against discovery, which lags) is `Busy`, retried in seconds rather than after kopf's minute;
+    anything else is None (raised as it is)."""
     try:
         message = json.loads(err.body or "{}").get("message") or str(err.reason)
     except ValueError:
         message = str(err.body or err.reason)
-    return Rejected("Invalid", "RejectedByAPIServer", message)
+    if err.status in (400, 422):
+        return Rejected("Invalid", "RejectedByAPIServer", message)
+    if err.status == 403 and "cannot find RESTMapping" in message:
+        return Busy(f"the API server does not know the owner's kind yet: {message}")
+    return None
 
 
 def get(resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
@@ -112,7 +118,7 @@ def create(resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
         )
         return cast(dict[str, Any], created)
     except ApiException as err:
-        if (refused := _refusal(err)) is not None:
+        if (refused := _classified(err)) is not None:
             raise refused from None
         if err.status != 409:
             raise
@@ -130,7 +136,7 @@ def ensure(body: Mapping[str, Any], owner: Mapping[str, Any]) -> None:
         kubernetes.utils.create_from_dict(_client(), dict(body), _request_timeout=TIMEOUT)
         return
     except kubernetes.utils.FailToCreateError as err:
-        for refused in map(_refusal, err.api_exceptions):
+        for refused in map(_classified, err.api_exceptions):
             if refused is not None:
                 raise refused from None
         if any(e.status != 409 for e in err.api_exceptions):
@@ -231,7 +237,7 @@ def patch(resource: Resource, namespace: str, name: str, body: Mapping[str, Any]
             _request_timeout=TIMEOUT,
         )
     except ApiException as err:
-        if (refused := _refusal(err)) is not None:
+        if (refused := _classified(err)) is not None:
             raise refused from None
         raise
     return cast(dict[str, Any], patched)

@@ -1,0 +1,41 @@
+"""How `rayship.k8s` reads the API server's refusals (the only Kubernetes I/O module; its calls are
+exercised on the real control plane in tests/operator)."""
+
+from __future__ import annotations
+
+import json
+
+from kubernetes.client.exceptions import ApiException
+
+from rayship import k8s
+
+
+def refusal(status: int, message: str) -> ApiException:
+    err = ApiException(status=status, reason="refused")
+    err.body = json.dumps({"kind": "Status", "status": "Failure", "message": message, "code": status})
+    return err
+
+
+def test_an_invalid_object_is_rejected_for_good_with_the_servers_message() -> None:
+    refused = k8s._classified(refusal(422, 'RayJob.ray.io "x" is invalid: spec.entrypoint: Required value'))
+    assert isinstance(refused, k8s.Rejected)
+    assert (refused.phase, refused.reason) == ("Invalid", "RejectedByAPIServer")
+    assert "spec.entrypoint: Required value" in refused.message
+
+
+def test_an_owner_kind_the_api_server_cannot_map_yet_is_retried_soon() -> None:
+    """Seen right after a control plane (and our CRDs) came up: OwnerReferencesPermissionEnforcement
+    refused the owner reference because discovery did not know TrainingJob yet."""
+    message = (
+        'serviceaccounts "mlp-cpu-workload" is forbidden: cannot set blockOwnerDeletion in this case '
+        "because cannot find RESTMapping for APIVersion rayship.dev/v1alpha1 Kind TrainingJob: no matches "
+        'for kind "TrainingJob" in version "rayship.dev/v1alpha1"'
+    )
+    busy = k8s._classified(refusal(403, message))
+    assert isinstance(busy, k8s.Busy) and "does not know the owner's kind yet" in str(busy)
+
+
+def test_other_refusals_are_raised_as_they_are() -> None:
+    assert k8s._classified(refusal(403, 'trainingjobs "x" is forbidden: User "y" cannot patch')) is None
+    assert k8s._classified(refusal(409, "already exists")) is None
+    assert k8s._classified(refusal(500, "etcdserver: request timed out")) is None
