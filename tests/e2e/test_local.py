@@ -28,7 +28,7 @@ import yaml
 from controlplane import raypods
 from rayship import api, names
 from tests.conftest import SAMPLES
-from tests.operator.conftest import REFUSED, TERMINATING
+from tests.operator.conftest import refused_lines
 from tests.operator.kube import Kube, wait_for
 
 pytestmark = [pytest.mark.e2e_local, pytest.mark.timeout(400)]
@@ -61,8 +61,7 @@ def operator(cluster) -> Iterator[Any]:
     log = Path(handle.log_path)
     start = log.stat().st_size
     yield handle
-    written = log.read_bytes()[start:].decode(errors="replace")
-    refused = [line for line in written.splitlines() if REFUSED.search(line) and TERMINATING not in line]
+    refused = refused_lines(log.read_bytes()[start:].decode(errors="replace"))
     assert not refused, "the operator made requests its RBAC refuses:\n" + "\n".join(refused[:20])
 
 

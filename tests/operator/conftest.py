@@ -23,11 +23,31 @@ import pytest
 
 from tests.operator.kube import Kube
 
-# a 403 anywhere but in a log line's timestamp ("19:59:05,403"): its milliseconds once matched
-REFUSED = re.compile(r"(?<![,\d])403(?!\d)|Forbidden|forbidden")
+# A 403 standing alone: not a log line's milliseconds ("19:59:05,403") nor part of an id (an
+# Audit-Id "a7622e4a-92c3-403d-…" in a logged response's headers once matched).
+REFUSED = re.compile(r"(?<![\w,.-])403(?![\w-])|Forbidden|forbidden")
 # Not RBAC: Events about an object of a test namespace that is being deleted.
 TERMINATING = "because it is being terminated"
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+
+
+def refused_lines(written: str, expected_until: datetime | None = None) -> list[str]:
+    """The log lines that tell of a refused request, but those logged up to `expected_until`.
+
+    A message's continuation lines (a logged exception's response headers and body) carry no
+    timestamp: they belong to the moment of the last stamped line before them."""
+    refused = []
+    when = None
+    for line in written.splitlines():
+        stamp = STAMP.match(line)
+        if stamp:
+            when = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S")
+        if not REFUSED.search(line) or TERMINATING in line:
+            continue
+        if expected_until and when and when <= expected_until:
+            continue
+        refused.append(line)
+    return refused
 
 
 @dataclass
@@ -46,16 +66,9 @@ def operator(cluster) -> Iterator[RunningOperator]:
     log = Path(running.handle.log_path)
     start = log.stat().st_size
     yield running
-    written = log.read_bytes()[start:].decode(errors="replace")
-    refused = []
-    for line in written.splitlines():
-        if not REFUSED.search(line) or TERMINATING in line:
-            continue
-        stamp = STAMP.match(line)
-        when = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S") if stamp else None
-        if running.refusals_expected_until and when and when <= running.refusals_expected_until:
-            continue
-        refused.append(line)
+    refused = refused_lines(
+        log.read_bytes()[start:].decode(errors="replace"), running.refusals_expected_until
+    )
     assert not refused, "the operator made requests its RBAC refuses:\n" + "\n".join(refused[:20])
 
 
