@@ -146,4 +146,5 @@ verify: setup ## fail if generated files are stale
 lint: setup ## ruff lint + format check, mypy over operator/ and workloads/
 	$(BIN)/ruff check operator workloads tests tools controlplane bench
 	$(BIN)/ruff format --check operator workloads tests tools controlplane bench
-	$(BIN)/mypy
+	@# mypy's cache per machine, beside the other caches: a fresh clone checks in seconds, not 2 min
+	MYPY_CACHE_DIR=$(RAYSHIP_CACHE)/mypy $(BIN)/mypy
