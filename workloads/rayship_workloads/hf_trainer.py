@@ -26,6 +26,7 @@ from typing import Any
 
 import ray.train
 import torch
+from ray.data.collate_fn import NumpyBatchCollateFn
 from ray.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
 
 from rayship import api
@@ -60,6 +61,16 @@ class TrainerCheckpoints:
 
     def set_learning_rate(self, lr: float) -> None:
         self.learning_rate = lr
+
+
+class TokenizedText(NumpyBatchCollateFn):
+    """`iter_torch_batches`' collate_fn: a batch's text column -> the tokenizer's padded tensors."""
+
+    def __init__(self, tokens: recipes.Tokens):
+        self.tokens = tokens
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:  # type: ignore[override]  # Ray types it as a bare TypeVar
+        return self.tokens([str(t) for t in batch[data.TEXT]])
 
 
 class RayshipReportCallback(RayTrainReportCallback):
@@ -130,8 +141,7 @@ def loop(config: dict[str, Any]) -> None:
     tokens = recipes.Tokens(rayship["model_config"], recipes.max_length(config))
     output_dir = Path(tempfile.mkdtemp(prefix="rayship-hf-"))
 
-    def collate(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        return tokens([str(t) for t in batch[data.TEXT]])
+    collate = TokenizedText(tokens)
 
     # [1] prepare data: this worker's shards, as Ray Data iterables of tokenized batches
     shard = ray.train.get_dataset_shard("train")

@@ -38,6 +38,7 @@ import ray.train
 import ray.train.torch
 import torch
 import torch.nn.functional as F  # noqa: N812
+from ray.data.collate_fn import NumpyBatchCollateFn
 from torch import nn
 
 from rayship import api
@@ -411,14 +412,19 @@ def mlp_setup(dataset: ray.data.Dataset, config: Mapping[str, Any]) -> ModelSetu
     return ModelSetup(mlp_config(len(features), config), {"features": features})
 
 
-def features_and_label(
-    batch: Mapping[str, np.ndarray], *, features: list[str], label: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A Ray Data batch of columns -> (x [rows, features], y [rows, 1]), float32: the feature columns
-    stacked once in numpy (in Ray Data's prefetch thread), not a tensor per column per batch."""
-    x = np.stack([np.asarray(batch[c], dtype=np.float32) for c in features], axis=1)
-    y = np.asarray(batch[label], dtype=np.float32).reshape(-1, 1)
-    return torch.from_numpy(x), torch.from_numpy(y)
+class FeaturesAndLabel(NumpyBatchCollateFn):
+    """`iter_torch_batches`' collate_fn: a batch of numpy columns -> (x [rows, features], y [rows, 1]),
+    float32, the feature columns stacked once in numpy (in Ray Data's prefetch thread), not a tensor
+    per column per batch. Both arrays are new (writable) memory, not views of Ray Data's read-only
+    buffers, which torch would warn about."""
+
+    def __init__(self, features: list[str], label: str):
+        self.features, self.label = features, label
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]  # Ray types it as a bare TypeVar
+        x = np.stack([np.asarray(batch[c], dtype=np.float32) for c in self.features], axis=1)
+        y = np.array(batch[self.label], dtype=np.float32).reshape(-1, 1)
+        return torch.from_numpy(x), torch.from_numpy(y)
 
 
 def mlp_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None) -> None:
@@ -442,7 +448,7 @@ def mlp_loop(config: dict[str, Any], on_epoch_end: EpochHook | None = None) -> N
     # [4] train, evaluate on the validation shard (with data.validation), and report every epoch
     # (checkpointing every `everyEpochs` and at the end)
     def batch_losses(source: Any) -> Iterator[tuple[torch.Tensor, int]]:
-        collate = functools.partial(features_and_label, features=features, label=label)
+        collate = FeaturesAndLabel(features, label)
         for x, y in source.iter_torch_batches(batch_size=batch_size, collate_fn=collate):
             x, y = x.to(device, strategy.dtype), y.to(device)
             yield F.mse_loss(strategy.model(x).float(), y), len(y)
