@@ -23,14 +23,15 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from transformers import StoppingCriteria, StoppingCriteriaList
-from transformers.generation.streamers import BaseStreamer
 
 from rayship_workloads.recipes import TextGenerator
+
+if TYPE_CHECKING:
+    from rayship_workloads.generation_hooks import TokenQueue
 
 MAX_NEW_TOKENS = 1024
 MAX_STOP_SEQUENCES = 4  # as OpenAI
@@ -183,35 +184,6 @@ class Piece:
     finish_reason: str | None = None
 
 
-class _Tokens(BaseStreamer):
-    """transformers' streamer hook -> the event loop: each new token's id is put on `queue`, then None."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, queue: "asyncio.Queue[list[int] | None]") -> None:
-        self.loop, self.queue, self.prompt_seen = loop, queue, False
-
-    def put(self, value: torch.Tensor) -> None:
-        if not self.prompt_seen:  # generate() hands over the prompt first
-            self.prompt_seen = True
-            return
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, value.reshape(-1).tolist())
-
-    def end(self) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, None)
-
-
-class _Until(StoppingCriteria):
-    """Stops generate() once `event` is set (a stop string was seen, or the client went away)."""
-
-    def __init__(self, event: threading.Event) -> None:
-        self.event = event
-
-    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
-        done = torch.full(
-            (input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device
-        )
-        return cast(torch.BoolTensor, done)
-
-
 class StopText:
     """Incremental detokenization with stop strings: `feed` token ids, get the text safe to send."""
 
@@ -258,6 +230,9 @@ class TextEngine:
     """A causal LM and its tokenizer (`recipes.TextGenerator`), generating one sequence at a time."""
 
     def __init__(self, model: Any, generator: TextGenerator) -> None:
+        from rayship_workloads import generation_hooks  # transformers: only where a text model is served
+
+        self._hooks = generation_hooks
         self.model, self.generator = model, generator
         self.max_positions = generator.max_positions
         config = model.config
@@ -289,7 +264,7 @@ class TextEngine:
         ids: list[int],
         max_new_tokens: int,
         sampling: Sampling,
-        streamer: _Tokens,
+        streamer: "TokenQueue",
         stop: threading.Event,
     ) -> None:
         try:
@@ -307,7 +282,7 @@ class TextEngine:
                     max_new_tokens=max_new_tokens,
                     pad_token_id=self.pad_token_id,
                     streamer=streamer,
-                    stopping_criteria=StoppingCriteriaList([_Until(stop)]),
+                    stopping_criteria=self._hooks.until(stop),
                     **options,
                 )
         finally:
@@ -321,7 +296,7 @@ class TextEngine:
         stop = threading.Event()
         text = StopText(self.generator.decode, sampling.stops)
         done = loop.run_in_executor(
-            None, self._generate, ids, max_new_tokens, sampling, _Tokens(loop, queue), stop
+            None, self._generate, ids, max_new_tokens, sampling, self._hooks.TokenQueue(loop, queue), stop
         )
         count = 0
         try:
