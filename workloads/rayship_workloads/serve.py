@@ -498,6 +498,12 @@ def app_builder(args: dict[str, Any] | ServeArgs) -> Application:
     return deployment.bind(config)
 
 
+def start_http(host: str, port: int) -> None:
+    """Start Serve (its controller and HTTP proxy) on the connected Ray, listening on host:port; if
+    Serve runs already, it is left as it is."""
+    serve.start(http_options={"host": host, "port": port})
+
+
 def serve_locally(
     model_uri: str, *, host: str = "127.0.0.1", port: int = 8000, route_prefix: str = "/", **args: Any
 ) -> str:
@@ -506,7 +512,7 @@ def serve_locally(
     `args` are further `ServeArgs` fields. The caller owns `ray.init` and `serve.shutdown`; Serve's HTTP
     options are cluster-wide, so host/port only take effect if Serve is not running yet."""
     app = app_builder({"model_uri": model_uri, "route_prefix": route_prefix, **args})
-    serve.start(http_options={"host": host, "port": port})
+    start_http(host, port)
     serve.run(app, name=APP_NAME, route_prefix=route_prefix)
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return f"http://{netloc}{route_prefix.rstrip('/')}"
