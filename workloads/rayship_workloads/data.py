@@ -64,11 +64,16 @@ SYNTHETIC_BLOCKS = 8  # blocks of synthetic data: Ray Data works on them in para
 
 def synthetic_tabular(samples: int, features: int, seed: int) -> ray.data.Dataset:
     """The rows of `synthetic_arrays` as a Ray Dataset with float32 columns x0..x{n-1} and y, built
-    column-wise (an Arrow table per block: no Python object per value)."""
+    column-wise (an Arrow table per block: no Python object per value).
+
+    `from_blocks` takes the tables as the blocks and reads their metadata here, in the driver;
+    `from_arrow` sends a task per block to read it, which on a fresh local Ray started (and
+    imported Ray Data into) a worker process each: 2.5 s for 8 blocks on 2 cores, against 0.08 s."""
     x, y = synthetic_arrays(samples, features, seed)
     table = pa.table({**{f"x{j}": x[:, j] for j in range(features)}, LABEL: y})
     rows = max(1, -(-samples // SYNTHETIC_BLOCKS))
-    return ray.data.from_arrow([table.slice(i, rows) for i in range(0, samples, rows)])
+    dataset: ray.data.Dataset = ray.data.from_blocks([table.slice(i, rows) for i in range(0, samples, rows)])
+    return dataset  # (from_blocks is not annotated)
 
 
 def synthetic_text(samples: int, seed: int) -> ray.data.Dataset:
