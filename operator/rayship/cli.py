@@ -257,11 +257,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     local = _workloads()
     from rayship_workloads.data import DataError
+    from rayship_workloads.train import TrainingFailed
 
     doc = _one_trainingjob(args.file)
     try:
-        local.demo(doc, runs_dir=_runs_dir(args.runs_dir), port=args.port)
-    except DataError as err:
+        local.demo(doc, runs_dir=_runs_dir(args.runs_dir), port=args.port, base_dir=_base_dir(args.file))
+    except (DataError, local.RunRefused, TrainingFailed) as err:  # as `rayship run` says them
         raise InputError(f"{args.file}: {err}") from None
     return 0
 

@@ -97,3 +97,23 @@ def test_demo_trains_serves_and_predicts(tmp_path: Path) -> None:
     finally:
         server.send_signal(signal.SIGINT)
         server.wait(timeout=60)
+
+
+def test_a_demo_refused_before_training_says_why_in_one_line(tmp_path: Path) -> None:
+    """A job `rayship run` would refuse (here a workingDir that is no folder beside the YAML) is refused
+    by `rayship demo` the same way: one line naming the field, exit 1, no traceback, nothing to shut down."""
+    spec = (SAMPLES / "trainingjob-ddp.yaml").read_text()
+    job = tmp_path / "job.yaml"
+    job.write_text(spec.replace("spec:\n", "spec:\n  runtimeEnv:\n    workingDir: ./no-such-folder\n", 1))
+    proc = subprocess.run(
+        [sys.executable, "-m", "rayship.cli", "demo", "-f", str(job), "--runs-dir", str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RAY_ADDRESS": ""},
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"error: {job}: spec.runtimeEnv.workingDir: {tmp_path / 'no-such-folder'} is not a folder"
+    ], proc.stderr
+    assert "shut down" not in proc.stdout and "Traceback" not in proc.stderr

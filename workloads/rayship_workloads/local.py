@@ -351,9 +351,14 @@ def serve(model_uri: str, *, port: int, route_prefix: str = "/") -> str:
 
 
 def demo(
-    tj: api.TrainingJob | Mapping[str, Any], *, runs_dir: Path = RUNS_DIR, port: int = 8000
+    tj: api.TrainingJob | Mapping[str, Any],
+    *,
+    runs_dir: Path = RUNS_DIR,
+    port: int = 8000,
+    base_dir: Path | None = None,
 ) -> dict[str, Any]:
     """The main job end to end: train on local Ray, serve the model, send one prediction, shut down.
+    `base_dir`: as for `run` (the YAML file's folder).
 
     Serve's controller and HTTP proxy (the part of serving that does not need the model) start in a
     background thread as soon as Ray runs, while the job trains: on 2 cores that hides about 5 s of
@@ -374,7 +379,7 @@ def demo(
 
     try:
         # the demo trains afresh every time
-        result = run(tj, runs_dir=runs_dir, restart=True, ray_started=start_serving)
+        result = run(tj, runs_dir=runs_dir, restart=True, base_dir=base_dir, ray_started=start_serving)
         for started in serve_started:
             started.result()  # Serve's own error, if it could not start
         url = serve(result["model"], port=port, route_prefix="/" + tj.metadata.name)
@@ -386,16 +391,19 @@ def demo(
         prediction = answer["predictions"][0][0]
         print(f"POST {url.rstrip('/')}/predict  instances=[[{', '.join(f'{v:.3f}' for v in features)}]]")
         print(f"prediction {prediction:.4f}  (true value {target:.4f})", flush=True)
-        return {**result, "url": url, "prediction": prediction, "target": target}
     finally:
         # Stopping the local Ray this demo started stops Serve with it; Serve's own graceful shutdown
         # (~2-3 s: each replica waits a 2 s drain loop) has nothing to drain once the one request is
         # answered. On a Ray that was already running, Serve is shut down and Ray left as it was.
-        pool.shutdown(wait=True)  # a training failure: Serve's start finishes before Ray stops
-        if not own_ray:
-            ray_serve.shutdown()
-        ray.shutdown()
-        print("shut down: Serve and local Ray stopped", flush=True)
+        # After a failure too (a job refused before Ray started leaves nothing to stop), said by the
+        # error alone.
+        pool.shutdown(wait=True)  # Serve's start finishes before Ray stops
+        if ray.is_initialized():
+            if not own_ray:
+                ray_serve.shutdown()
+            ray.shutdown()
+    print("shut down: Serve and local Ray stopped", flush=True)
+    return {**result, "url": url, "prediction": prediction, "target": target}
 
 
 def resolve_source(source: api.ModelSource, field: str, *, runs_dir: Path = RUNS_DIR) -> str:
