@@ -194,15 +194,22 @@ def _base_dir(path: str) -> Path:
     return Path.cwd() if path == "-" else Path(path).resolve().parent
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    local = _workloads()
+def _job_refusals() -> tuple[type[Exception], ...]:
+    """What `rayship run` and `rayship demo` say in one line (`InputError`) rather than a traceback: bad
+    data, a job refused before it starts, a training that failed for a reason it names."""
     from rayship_workloads.data import DataError
+    from rayship_workloads.local import RunRefused
     from rayship_workloads.train import TrainingFailed
 
+    return DataError, RunRefused, TrainingFailed
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    local = _workloads()
     doc = _one_trainingjob(args.file)
     try:
         local.run(doc, runs_dir=_runs_dir(args.runs_dir), restart=args.restart, base_dir=_base_dir(args.file))
-    except (DataError, local.RunRefused, TrainingFailed) as err:
+    except _job_refusals() as err:
         raise InputError(f"{args.file}: {err}") from None
     return 0
 
@@ -256,13 +263,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     local = _workloads()
-    from rayship_workloads.data import DataError
-    from rayship_workloads.train import TrainingFailed
-
     doc = _one_trainingjob(args.file)
     try:
         local.demo(doc, runs_dir=_runs_dir(args.runs_dir), port=args.port, base_dir=_base_dir(args.file))
-    except (DataError, local.RunRefused, TrainingFailed) as err:  # as `rayship run` says them
+    except _job_refusals() as err:
         raise InputError(f"{args.file}: {err}") from None
     return 0
 
