@@ -10,8 +10,10 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -91,11 +93,26 @@ def assert_model_predicts(model_uri: str | None, in_features: int) -> None:
     assert out.shape == (3, 1) and torch.isfinite(out).all()
 
 
+def alive_train_controllers() -> set[str]:
+    from ray.util.state import list_actors
+
+    found = list_actors(filters=[("class_name", "=", "TrainController"), ("state", "=", "ALIVE")])
+    return {actor.actor_id for actor in found}
+
+
 def test_ddp_two_workers_learns_and_keeps_checkpoints(ray_session, tmp_path: Path) -> None:
     """Through the driver (`job.run`), as the cluster and `rayship run` call it."""
     tj = spec(tmp_path, **{"trainer.epochs": 4, "checkpoint.keep": 2})
     reporter = Recorder(tmp_path / "metrics.json")
+    controllers, ctrl_c = alive_train_controllers(), signal.getsignal(signal.SIGINT)
     result = job.run(tj, storage_root=str(tmp_path / "store"), reporter=reporter)
+    # The finished run leaves nothing running: Ctrl-C is this process's own again (Ray Train's handler
+    # held the run's controller actor, ~680 MB, alive until the next run), and the controller exits.
+    assert signal.getsignal(signal.SIGINT) is ctrl_c
+    deadline = time.monotonic() + 15
+    while (left := alive_train_controllers() - controllers) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"the finished run's Train controller is still alive: {left}"
     assert reporter.results == [result]
     history = losses(reporter.metrics_path)
     assert len(history) == 4 and history[-1] < 0.5 * history[0], history

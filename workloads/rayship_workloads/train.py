@@ -10,9 +10,12 @@ where progress goes (the `callbacks`); `tune` builds one trainer per trial.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import signal
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -261,6 +264,24 @@ def own_model(prepared: Prepared) -> str | None:
     return target if fs.get_file_info(path).type != pafs.FileType.NotFound else None
 
 
+@contextlib.contextmanager
+def sigint_kept() -> Iterator[None]:
+    """The process's SIGINT handler as it was, after a `fit()` in the main thread. Ray Train's `fit()`
+    installs its own (a Ctrl-C aborts the run) and leaves it installed: it holds the run's controller
+    actor, so the finished run's controller process (~680 MB here) lived on until the next run or the
+    process's end, and a Ctrl-C after training (the demo's serving, an export) only "aborted" that
+    finished run: the first two were swallowed."""
+    if threading.current_thread() is not threading.main_thread():  # Tune's trials: Ray installs none
+        yield
+        return
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        if before is not None:  # None: a handler not set from Python, which cannot be put back
+            signal.signal(signal.SIGINT, before)
+
+
 def fit(
     tj: api.TrainingJob,
     *,
@@ -288,7 +309,8 @@ def fit(
         )
         before = latest_checkpoint(storage_root, prepared.run_name)
         try:
-            return trainer.fit(), prepared
+            with sigint_kept():
+                return trainer.fit(), prepared
         except TrainingFailedError as err:
             cause, transient = describe_failure(err)
             line = f"attempt {attempt}/{attempts} failed: {cause}"
