@@ -546,3 +546,16 @@ def test_check_catches_a_broken_dockerfile(
     mutated.write_text(head + new + tail)
     with pytest.raises(AssertionError):
         check(Dockerfile.load(mutated))
+
+
+def test_make_test_runs_every_tier_once() -> None:
+    """`make test` names its tiers (some run beside the others): every tests/ folder of tests, once."""
+    named = [
+        tier
+        for var in ("TIERS_WITHOUT_RAY", "TIERS_WITH_RAY", "TIERS_AFTER")
+        for tier in makefile_variable(var).split()
+    ]
+    folders = [
+        f"tests/{d.name}" for d in (REPO / "tests").iterdir() if d.is_dir() and any(d.glob("test_*.py"))
+    ]
+    assert sorted(named) == sorted(folders)
