@@ -103,21 +103,19 @@ def ray_actors(class_name: str, *, state: str | None = None) -> set[str]:
     return {actor.actor_id for actor in list_actors(filters=filters, limit=10_000)}
 
 
-def alive_train_controllers() -> set[str]:
-    return ray_actors("TrainController", state="ALIVE")
-
-
 def test_ddp_two_workers_learns_and_keeps_checkpoints(ray_session, tmp_path: Path) -> None:
     """Through the driver (`job.run`), as the cluster and `rayship run` call it."""
     tj = spec(tmp_path, **{"trainer.epochs": 4, "checkpoint.keep": 2})
     reporter = Recorder(tmp_path / "metrics.json")
-    controllers, ctrl_c = alive_train_controllers(), signal.getsignal(signal.SIGINT)
+    controllers, ctrl_c = ray_actors("TrainController", state="ALIVE"), signal.getsignal(signal.SIGINT)
     result = job.run(tj, storage_root=str(tmp_path / "store"), reporter=reporter)
     # The finished run leaves nothing running: Ctrl-C is this process's own again (Ray Train's handler
     # held the run's controller actor, ~680 MB, alive until the next run), and the controller exits.
     assert signal.getsignal(signal.SIGINT) is ctrl_c
     deadline = time.monotonic() + 15
-    while (left := alive_train_controllers() - controllers) and time.monotonic() < deadline:
+    while (
+        left := ray_actors("TrainController", state="ALIVE") - controllers
+    ) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, f"the finished run's Train controller is still alive: {left}"
     assert reporter.results == [result]
