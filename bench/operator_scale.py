@@ -376,9 +376,15 @@ def main() -> None:
         results[f"operator_all_done_ratio_{n}"] = all_done_s / raw_s
         results["operator_api_calls_per_job"] = len(calls) / n
         results[f"operator_rss_mb_{n}"] = memory["VmRSS"] / 1024
+        # A rollout at this moment: SIGTERM while KubeRay's status updates of the N RayJobs still
+        # arrive; a pod gets 30 s (Kubernetes' default grace period) before SIGKILL.
+        stopping = time.monotonic()
+        if controlplane.stop_operator(handle, timeout=30):
+            print(f"  SIGTERM right after: the operator exited in {time.monotonic() - stopping:.1f} s")
+        else:
+            print("  SIGTERM right after: the operator ignored it for 30 s (SIGKILL)")
         # The same N objects held by an operator that did not live through the burst of events:
         # restarted, it lists them all, reconciles each once (nothing to create), then idles.
-        controlplane.stop_operator(handle)
         handle = controlplane.start_operator(operator_env)
         offset, quiet, deadline = audit_offset(), time.monotonic(), time.monotonic() + args.timeout
         while time.monotonic() - quiet < 10 and time.monotonic() < deadline:  # until 10 s without a call

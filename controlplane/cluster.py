@@ -47,7 +47,7 @@ Nothing here resolves a name: every address is a literal IP (the machine's resol
 loopback), and proxy variables are removed from every component's environment.
 
 CLI:  python controlplane/cluster.py up [--no-operator] | down | status | operator start|stop
-API:  up() -> Cluster, down(), status(), start_operator() -> OperatorHandle, stop_operator(),
+API:  up() -> Cluster, down(), status(), start_operator() -> OperatorHandle, stop_operator() -> bool,
       service_account_kubeconfig(namespace, name) -> Path
 """
 
@@ -593,8 +593,9 @@ def _spawn(name: str, argv: list[str], paths: Paths, env: dict[str, str]) -> Pro
     return Proc(name, popen.pid, ticks, str(log_path), argv)
 
 
-def _stop(proc: Proc, timeout: float = 10.0) -> None:
+def _stop(proc: Proc, timeout: float = 10.0) -> bool:
     """SIGTERM the process group, SIGKILL it after `timeout`; reap the leader if it is our child.
+    True if the leader exited on SIGTERM (or was gone already), False if it took SIGKILL.
 
     The leader is reaped only at the end: until then its pid, and so the group id, stays ours.
     """
@@ -606,16 +607,18 @@ def _stop(proc: Proc, timeout: float = 10.0) -> None:
 
     if not proc.alive():
         _reap(proc.pid)  # gone already: its pid may belong to someone else by now
-        return
+        return True
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGTERM)
     wait(timeout)
-    if proc.alive():
+    exited = not proc.alive()
+    if not exited:
         log(f"{proc.name} (pgid {proc.pid}) ignored SIGTERM for {timeout:.0f}s: SIGKILL")
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group (e.g. the leader's children)
     wait(5)
     _reap(proc.pid)
+    return exited
 
 
 def _reap(pid: int) -> None:
@@ -1100,18 +1103,22 @@ def _operator_handle(state: State) -> OperatorHandle | None:
                           Path(state.operator["kubeconfig"]), proc.argv, proc.start_ticks)  # fmt: skip
 
 
-def stop_operator(handle: OperatorHandle | None = None, paths: Paths | None = None) -> None:
-    """Stop the rayship operator (the one recorded in state.json; `handle` must be it, if given)."""
+def stop_operator(
+    handle: OperatorHandle | None = None, paths: Paths | None = None, timeout: float = 10.0
+) -> bool:
+    """Stop the rayship operator (the one recorded in state.json; `handle` must be it, if given):
+    SIGTERM, and SIGKILL if it still runs after `timeout` s. False if it took SIGKILL."""
     paths = paths or Paths()
     with _locked(paths):
         state = _load_state(paths)
         proc = state.procs.get("rayship-operator")
         if proc is None or (handle is not None and handle.pid != proc.pid):
-            return
-        _stop(proc)
+            return True
+        exited = _stop(proc, timeout)
         del state.procs["rayship-operator"]
         state.operator = None
         _save_state(state, paths)
+        return exited
 
 
 def kill_operator(handle: OperatorHandle | None = None, paths: Paths | None = None) -> None:

@@ -3,9 +3,11 @@ authenticated as the chart's ServiceAccount; liveness, Prometheus metrics, a cle
 
 from __future__ import annotations
 
+import os
 import urllib.request
 from pathlib import Path
 
+import kubernetes
 import pytest
 
 from rayship import api
@@ -33,7 +35,38 @@ def test_liveness_metrics_and_clean_sigterm(kube: Kube, cluster) -> None:
 
     log = Path(handle.log_path)
     start = log.stat().st_size
-    controlplane.stop_operator(handle)  # SIGTERM
+    assert controlplane.stop_operator(handle), "the operator ignored SIGTERM for 10 s"
     assert not handle.alive()
     tail = log.read_bytes()[start:].decode(errors="replace")
     assert "Traceback" not in tail, tail
+
+
+def test_sigterm_under_a_backlog_starts_no_reconcile_and_a_restart_finishes_every_job(
+    kube: Kube, cluster
+) -> None:
+    """A rollout of the operator while it works through a burst: on SIGTERM it starts no queued
+    reconcile (only those running finish, one per thread of kopf's pool) and exits within the pod's
+    grace period, not by SIGKILL; the next operator makes the RayJob of every job."""
+    from controlplane import cluster as controlplane
+
+    controlplane.stop_operator()
+    kube.pvc()
+    jobs = 150
+    for i in range(jobs):
+        kube.create(api.TRAININGJOBS, sample(f"backlog-{i:03d}", suspend=True))
+    handle = controlplane.start_operator()
+    wait_for(lambda: len(kube.list(api.RAYJOBS)) >= 10, 60, interval=0.05, what="10 RayJobs")
+    before = len(kube.list(api.RAYJOBS))
+    apps = kubernetes.client.AppsV1Api(kube.core.api_client)
+    (deployment,) = apps.list_namespaced_deployment(
+        controlplane.RAYSHIP_NAMESPACE, label_selector="app.kubernetes.io/component=operator"
+    ).items
+    grace = deployment.spec.template.spec.termination_grace_period_seconds
+    assert controlplane.stop_operator(handle, timeout=grace), f"the operator ignored SIGTERM for {grace} s"
+    threads = min(32, (os.cpu_count() or 1) + 4)  # kopf's pool: a ThreadPoolExecutor's default size
+    after = len(kube.list(api.RAYJOBS))
+    # Those running at SIGTERM, and those started between the count and the signal.
+    assert after - before <= 2 * threads, f"{after - before} RayJobs made after SIGTERM ({before} before)"
+    assert before < jobs - 2 * threads, f"the operator was done before SIGTERM ({before} RayJobs)"
+    controlplane.start_operator()
+    wait_for(lambda: len(kube.list(api.RAYJOBS)) == jobs, 120, what=f"{jobs} RayJobs")

@@ -19,3 +19,46 @@ def test_liveness_fails_while_a_reconcile_is_wedged() -> None:
             handlers.reconciles_not_wedged(memo=memo)
     finally:
         del handlers._running[-1]
+
+
+def test_a_reconcile_still_queued_for_a_thread_is_dropped_when_the_operator_stops() -> None:
+    """`in_thread`: a cancelled handler (the operator stopping) that no thread has taken never runs;
+    the one running finishes in its thread; kopf sees an async handler (else it would call it sync)."""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import kopf._core.actions.invocation as invocation
+
+    from rayship import handlers
+
+    ran: list[str] = []
+    release = threading.Event()
+
+    def reconcile(*, name: str, **_: object) -> None:
+        ran.append(name)
+        release.wait(5)
+
+    handler = handlers.in_thread(reconcile)
+    assert invocation.is_async_fn(handler) and handler.__name__ == "reconcile"
+    assert invocation.is_async_fn(handlers.trainingjob_changed)
+
+    async def stop_with_a_backlog() -> None:
+        running = asyncio.create_task(handler(name="running"))
+        queued = [asyncio.create_task(handler(name=f"queued-{i}")) for i in range(3)]
+        while not ran:
+            await asyncio.sleep(0.01)
+        for task in [running, *queued]:
+            task.cancel()
+        results = await asyncio.gather(running, *queued, return_exceptions=True)
+        assert all(isinstance(r, asyncio.CancelledError) for r in results)
+        release.set()
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    previous, handlers._executor = handlers._executor, pool
+    try:
+        asyncio.run(stop_with_a_backlog())
+        pool.shutdown(wait=True)
+    finally:
+        handlers._executor = previous
+    assert ran == ["running"]
