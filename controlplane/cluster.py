@@ -48,6 +48,7 @@ loopback), and proxy variables are removed from every component's environment.
 
 CLI:  python controlplane/cluster.py up [--no-operator] | down | status | operator start|stop
 API:  up() -> Cluster, down(), status(), start_operator() -> OperatorHandle, stop_operator() -> bool,
+      operator_deployment(client),
       service_account_kubeconfig(namespace, name) -> Path
 """
 
@@ -1027,7 +1028,8 @@ def _helm_install_rayship(paths: Paths, state: State) -> None:
 
 
 # --- the rayship operator ---------------------------------------------------------------------------
-def _operator_deployment(client: Any) -> Any:
+def operator_deployment(client: Any) -> Any:
+    """The chart's operator Deployment, as installed in the cluster."""
     import kubernetes
 
     apps = kubernetes.client.AppsV1Api(client)
@@ -1057,7 +1059,7 @@ def start_operator(
             return running
         server = f"https://127.0.0.1:{state.ports['apiserver']}"
         client = _api(paths.kubeconfig)
-        dep = _operator_deployment(client)
+        dep = operator_deployment(client)
         pod = dep.spec.template.spec
         container = next(c for c in pod.containers if c.name == "operator")
         token = _service_account_token(client, dep.metadata.namespace, pod.service_account_name or "default")

@@ -7,7 +7,6 @@ import os
 import urllib.request
 from pathlib import Path
 
-import kubernetes
 import pytest
 
 from rayship import api
@@ -57,11 +56,9 @@ def test_sigterm_under_a_backlog_starts_no_reconcile_and_a_restart_finishes_ever
     handle = controlplane.start_operator()
     wait_for(lambda: len(kube.list(api.RAYJOBS)) >= 10, 60, interval=0.05, what="10 RayJobs")
     before = len(kube.list(api.RAYJOBS))
-    apps = kubernetes.client.AppsV1Api(kube.core.api_client)
-    (deployment,) = apps.list_namespaced_deployment(
-        controlplane.RAYSHIP_NAMESPACE, label_selector="app.kubernetes.io/component=operator"
-    ).items
-    grace = deployment.spec.template.spec.termination_grace_period_seconds
+    grace = controlplane.operator_deployment(
+        kube.core.api_client
+    ).spec.template.spec.termination_grace_period_seconds
     assert controlplane.stop_operator(handle, timeout=grace), f"the operator ignored SIGTERM for {grace} s"
     threads = min(32, (os.cpu_count() or 1) + 4)  # kopf's pool: a ThreadPoolExecutor's default size
     after = len(kube.list(api.RAYJOBS))
