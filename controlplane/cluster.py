@@ -258,6 +258,11 @@ class OperatorHandle:
     def alive(self) -> bool:
         return _start_ticks(self.pid) == self.start_ticks
 
+    def pause(self) -> None:
+        """SIGSTOP its process group: it does nothing until SIGCONT (`stop_operator` sends one)."""
+        if self.alive():
+            os.killpg(self.pid, signal.SIGSTOP)
+
 
 @dataclass
 class Cluster:
@@ -611,6 +616,7 @@ def _stop(proc: Proc, timeout: float = 10.0) -> bool:
         return True
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGCONT)  # a paused (SIGSTOPped) group acts on it only once resumed
     wait(timeout)
     exited = not proc.alive()
     if not exited:
@@ -1042,14 +1048,18 @@ def operator_deployment(client: Any) -> Any:
 
 
 def start_operator(
-    extra_env: dict[str, str] | None = None, extra_args: list[str] | None = None, paths: Paths | None = None
+    extra_env: dict[str, str] | None = None,
+    extra_args: list[str] | None = None,
+    paths: Paths | None = None,
+    wait: bool = True,
 ) -> OperatorHandle:
     """Run the real rayship operator on the host, exactly as the chart's Deployment would run it.
 
     Its args and env come from the Deployment in the cluster (plus extra_args / extra_env); it
     authenticates as the Deployment's ServiceAccount (a TokenRequest token), so the chart's RBAC
     authorises every request. The liveness and metrics ports move to free loopback ports. If one
-    is already running, returns its handle (stop it first to change its args or env).
+    is already running, returns its handle (stop it first to change its args or env). Returns once
+    its liveness endpoint answers, or (wait=False) as soon as it is spawned.
     """
     paths = paths or Paths()
     with _locked(paths):
@@ -1092,6 +1102,8 @@ def start_operator(
         _save_state(state, paths)
         handle = _operator_handle(state)
         assert handle is not None
+    if not wait:
+        return handle
     _wait("rayship operator liveness", lambda: _http_ok(liveness), 60, proc)
     log(f"rayship operator pid {proc.pid} ({' '.join(args)}), log {proc.log}")
     return handle
