@@ -570,9 +570,13 @@ def _keep_terminal(obs: Observation, now: datetime) -> dict[str, Any]:
 
 
 def starting_pods(rayjob: Mapping[str, Any] | None) -> str | None:
-    """The label selector of the RayJob's Ray pods while its cluster is starting (else None)."""
+    """The label selector of the RayJob's Ray pods while its cluster is starting (else None). Not
+    while the RayJob is suspended (KubeRay passes through Initializing before it suspends one): its
+    pods are going, not starting."""
     st = (rayjob or {}).get("status") or {}
     if st.get("jobDeploymentStatus") != "Initializing" or not st.get("rayClusterName"):
+        return None
+    if ((rayjob or {}).get("spec") or {}).get("suspend"):
         return None
     return f"ray.io/cluster={st['rayClusterName']}"
 

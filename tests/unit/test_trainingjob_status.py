@@ -227,6 +227,11 @@ def test_a_pod_that_cannot_start_is_named_in_the_pending_status() -> None:
     assert trainingjob.starting_pods(
         {"status": {"jobDeploymentStatus": "Initializing", "rayClusterName": "c"}}
     ) == ("ray.io/cluster=c")
+    suspended = {
+        "spec": {"suspend": True},
+        "status": {"jobDeploymentStatus": "Initializing", "rayClusterName": "c"},
+    }
+    assert trainingjob.starting_pods(suspended) is None
     assert (
         trainingjob.starting_pods({"status": {"jobDeploymentStatus": "Running", "rayClusterName": "c"}})
         is None
