@@ -104,6 +104,12 @@ class ChartValues(Values):
     )
     resources: Resources = Field(default_factory=Resources, description="Operator container resources.")
     logLevel: Literal["debug", "info", "warning"] = Field("info", description="Operator log verbosity.")
+    workers: int = Field(
+        OperatorConfig.model_fields["workers"].default,
+        ge=1,
+        le=256,
+        description="Reconciles the operator runs at once (threads, each mostly waiting on the API server).",
+    )
     nodeSelector: dict[str, str] = Field(default_factory=dict, description="Operator pod node selector.")
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Operator pod tolerations.")
     affinity: dict[str, Any] = Field(default_factory=dict, description="Operator pod affinity.")

@@ -57,6 +57,13 @@ class OperatorConfig(BaseSettings):
         "operator reads (or makes) it at startup from the Secret rayship-ray-token-key in its namespace; "
         "set this only to manage the key yourself.",
     )
+    workers: int = Field(
+        32,
+        ge=1,
+        le=256,
+        description="Reconciles run at once (threads; each mostly waits on the API server). Measured "
+        "with 1000 TrainingJobs at once on a 2-core control plane: 6 took 10x the raw creates, 32 took 5.5x.",
+    )
     wedged_seconds: float = Field(
         300, ge=30, description="Liveness fails when one reconcile has been running longer than this."
     )

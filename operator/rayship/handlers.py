@@ -181,10 +181,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # On SIGTERM, no waiting for kopf's per-object queues to drain: each queued event would start a
     # reconcile (see `in_thread`), and a restarted operator reconciles every object anyway.
     settings.queueing.exit_timeout = 0
+    config = OperatorConfig()
+    settings.execution.max_workers = config.workers
     global _executor
     _executor = settings.execution.executor
-    config = OperatorConfig()
-    k8s.configure()
+    k8s.configure(connections=config.workers + 2)  # + the resync thread and one spare
     if config.ray_token_key is None:
         config = config.model_copy(update={"ray_token_key": SecretStr(k8s.token_key(config.namespace))})
     memo.config = config

@@ -48,12 +48,17 @@ class Busy(Exception):
     which is being garbage-collected, or the API server does not know a kind it was just given yet."""
 
 
-def configure() -> None:
-    """In a pod: the service account; elsewhere: the current kubeconfig context."""
+def configure(connections: int | None = None) -> None:
+    """In a pod: the service account; elsewhere: the current kubeconfig context. `connections`: the
+    most requests made at once (the client keeps 5 per CPU; one more is a new TLS connection each)."""
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
+    if connections is not None:
+        config = kubernetes.client.Configuration.get_default_copy()
+        config.connection_pool_maxsize = max(config.connection_pool_maxsize, connections)
+        kubernetes.client.Configuration.set_default(config)
     _client.cache_clear()
     _custom.cache_clear()
 

@@ -3,7 +3,6 @@ authenticated as the chart's ServiceAccount; liveness, Prometheus metrics, a cle
 
 from __future__ import annotations
 
-import os
 import urllib.request
 from pathlib import Path
 
@@ -14,7 +13,6 @@ from rayship import api
 from tests.operator.kube import Kube, sample, wait_for
 
 pytestmark = pytest.mark.operator
-THREADS = min(32, (os.cpu_count() or 1) + 4)  # kopf's pool: a ThreadPoolExecutor's default size
 
 
 def fetch(url: str) -> str:
@@ -83,13 +81,13 @@ def test_sigterm_under_a_backlog_starts_no_reconcile_and_a_restart_finishes_ever
     handle.pause()
     assert started, f"no 10 RayJobs in 60 s; the operator's log: {handle.log_path}"
     before = len(kube.list(api.RAYJOBS))
-    grace = controlplane.operator_deployment(
-        kube.core.api_client
-    ).spec.template.spec.termination_grace_period_seconds
-    assert before < jobs - 2 * THREADS, f"the operator was done before SIGTERM ({before} RayJobs)"
+    pod = controlplane.operator_deployment(kube.core.api_client).spec.template.spec
+    grace = pod.termination_grace_period_seconds
+    (threads,) = [int(e.value) for c in pod.containers for e in c.env or [] if e.name == "RAYSHIP_WORKERS"]
+    assert before < jobs - 2 * threads, f"the operator was done before SIGTERM ({before} RayJobs)"
     assert controlplane.stop_operator(handle, timeout=grace), f"the operator ignored SIGTERM for {grace} s"
     after = len(kube.list(api.RAYJOBS))
     # Those running at SIGTERM, and those a thread took before the operator cancelled them.
-    assert after - before <= 2 * THREADS, f"{after - before} RayJobs made after SIGTERM ({before} before)"
+    assert after - before <= 2 * threads, f"{after - before} RayJobs made after SIGTERM ({before} before)"
     controlplane.start_operator()
     wait_for(lambda: len(kube.list(api.RAYJOBS)) == jobs, 120, what=f"{jobs} RayJobs")

@@ -39,3 +39,19 @@ def test_other_refusals_are_raised_as_they_are() -> None:
     assert k8s._classified(refusal(403, 'trainingjobs "x" is forbidden: User "y" cannot patch')) is None
     assert k8s._classified(refusal(409, "already exists")) is None
     assert k8s._classified(refusal(500, "etcdserver: request timed out")) is None
+
+
+def test_the_connection_pool_holds_a_connection_per_concurrent_reconcile(monkeypatch) -> None:
+    """With more reconciles at once than the client's pool (5 per CPU), each extra request would open
+    a new TLS connection and drop it after."""
+    import kubernetes
+
+    previous = kubernetes.client.Configuration.get_default_copy()
+    monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda: None)
+    try:
+        k8s.configure(connections=500)
+        assert k8s._client().configuration.connection_pool_maxsize == 500
+        assert k8s._client().rest_client.pool_manager.connection_pool_kw["maxsize"] == 500
+    finally:
+        kubernetes.client.Configuration.set_default(previous)
+        k8s._client.cache_clear()
