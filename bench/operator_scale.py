@@ -19,6 +19,12 @@ waited for) before the next phase; the last one (N TrainingJobs) is not waited f
   raw RayJobs     baseline: N RayJobs (exactly the RayJob rayship renders for the job, without its
                   rayship labels, suspended) created by --threads client threads; time from the first
                   create sent to the last create answered (after 50 untimed warm-up creates).
+  floor           what the API server needs for the objects rayship must make per job (its
+                  ServiceAccount, Role and RoleBinding, then the RayJob: rendered by rayship, in that
+                  order), by a client with as many threads as the operator has workers: --burst jobs
+                  all given at once, per job from then until its RayJob create is answered (p99);
+                  then N jobs, time until the last is answered. Not a goal's baseline: it says how
+                  far from the API server's own limit the operator is.
   burst           --burst TrainingJobs (suspended) created at once by the same threads; per job, from
                   its create request sent to its RayJob seen by a watch: p50/p99/max.
   N TrainingJobs  N TrainingJobs (suspended) created the same way; all-done = from the first create
@@ -57,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes
+import kubernetes.utils
 import yaml
 from kubernetes.client.exceptions import ApiException
 
@@ -197,6 +204,40 @@ def raw_rayjobs(namespace: str, count: int, suspend: bool) -> list[dict[str, Any
     return out
 
 
+def rendered_objects(namespace: str, count: int, prefix: str) -> list[list[dict[str, Any]]]:
+    """Per job, what rayship renders for the sample (suspended), in creation order; the RayJob
+    without rayship labels (the operator leaves it alone)."""
+    doc = yaml.safe_load(SAMPLE.read_text())
+    doc["spec"]["suspend"] = True
+    out = []
+    for i in range(count):
+        job = copy.deepcopy(doc)
+        job["metadata"] = {"name": f"{prefix}-{i:05d}", "namespace": namespace}
+        objects = trainingjob.render_trainingjob(validation.parse_trainingjob(job), OperatorConfig())
+        objects[-1]["metadata"].pop("labels", None)
+        out.append(objects)
+    return out
+
+
+def create_per_job(client: kubernetes.client.ApiClient, namespace: str, jobs: list[list[dict[str, Any]]],
+                   threads: int) -> tuple[float, list[float]]:  # fmt: skip
+    """Each job's objects in order (one thread per job at a time), `threads` jobs at once: (the
+    monotonic time all jobs were given, each job's last create answered)."""
+    custom = kubernetes.client.CustomObjectsApi(client)
+
+    def create(objects: list[dict[str, Any]]) -> float:
+        for obj in objects:
+            if obj["kind"] == "RayJob":
+                custom.create_namespaced_custom_object(*api.RAYJOBS[:2], namespace, api.RAYJOBS[2], obj)
+            else:
+                kubernetes.utils.create_from_dict(client, obj, namespace=namespace)
+        return time.monotonic()
+
+    given = time.monotonic()
+    with ThreadPoolExecutor(threads) as pool:
+        return given, list(pool.map(create, jobs))
+
+
 def audit_offset() -> int:
     path = controlplane.audit_log()
     return path.stat().st_size if path.exists() else 0
@@ -281,6 +322,22 @@ def main() -> None:
             f"raw RayJobs: {n} created in {raw_s:.2f} s ({n / raw_s:.0f}/s); namespace deleted in {gone:.0f} s"
         )
 
+        # --- floor: the objects rayship makes per job, by a client as concurrent as the operator ----------
+        workers = int(operator_env.get("RAYSHIP_WORKERS", OperatorConfig().workers))
+        ns = make_namespace(client, "floor")
+        floor_client = client_for(running.kubeconfig, workers)
+        create_per_job(floor_client, ns, rendered_objects(ns, 20, "warm"), workers)  # not timed
+        given, answered = create_per_job(floor_client, ns, rendered_objects(ns, args.burst, "b"), workers)
+        floor_burst = [t - given for t in answered]
+        given, answered = create_per_job(floor_client, ns, rendered_objects(ns, n, "j"), workers)
+        floor_s = max(answered) - given
+        delete_namespace(client, ns)
+        print(
+            f"floor (ServiceAccount, Role, RoleBinding, RayJob per job; {workers} client threads): "
+            f"{args.burst} jobs at once: RayJob p99 {pct(floor_burst, 0.99):.2f} s; "
+            f"{n} jobs in {floor_s:.2f} s ({floor_s / raw_s:.2f}x the raw RayJobs)"
+        )
+
         handle = controlplane.start_operator(operator_env)
         print(f"rayship operator pid {handle.pid}: {rss_kb(handle.pid)['VmRSS'] / 1024:.0f} MB at start")
 
@@ -360,7 +417,10 @@ def main() -> None:
             f"{n} TrainingJobs: created in {create_s:.2f} s; all reconciled after {all_done_s:.2f} s"
             + ("" if complete else f" (TIMED OUT: {dict(phases)})")
         )
-        print(f"  all-done ÷ raw RayJob creates: {all_done_s / raw_s:.2f}x (goal <= 3x)")
+        print(
+            f"  all-done ÷ raw RayJob creates: {all_done_s / raw_s:.2f}x (goal <= 3x); "
+            f"÷ the floor: {all_done_s / floor_s:.2f}x"
+        )
         print(
             f"  operator RSS {memory['VmRSS'] / 1024:.0f} MB, peak {memory['VmHWM'] / 1024:.0f} MB (goal <= 150 MB)"
         )
