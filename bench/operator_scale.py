@@ -188,35 +188,20 @@ def trainingjobs(namespace: str, count: int, prefix: str, suspend: bool) -> list
     return out
 
 
-def raw_rayjobs(namespace: str, count: int, suspend: bool) -> list[dict[str, Any]]:
-    """The RayJob rayship renders for the sample, as a plain RayJob (no rayship labels: the operator
-    leaves it alone)."""
-    doc = yaml.safe_load(SAMPLE.read_text())
-    doc["metadata"]["namespace"] = namespace
-    doc["spec"]["suspend"] = suspend
-    rayjob = trainingjob.render_trainingjob(validation.parse_trainingjob(doc), OperatorConfig())[-1]
-    rayjob["metadata"].pop("labels", None)
+def rendered_objects(namespace: str, count: int, prefix: str, suspend: bool) -> list[list[dict[str, Any]]]:
+    """Per job (the `trainingjobs` above), what rayship renders for it, in creation order; the
+    RayJob without rayship labels (the operator leaves it alone)."""
     out = []
-    for i in range(count):
-        body = copy.deepcopy(rayjob)
-        body["metadata"]["name"] = f"raw-{i:05d}"
-        out.append(body)
-    return out
-
-
-def rendered_objects(namespace: str, count: int, prefix: str) -> list[list[dict[str, Any]]]:
-    """Per job, what rayship renders for the sample (suspended), in creation order; the RayJob
-    without rayship labels (the operator leaves it alone)."""
-    doc = yaml.safe_load(SAMPLE.read_text())
-    doc["spec"]["suspend"] = True
-    out = []
-    for i in range(count):
-        job = copy.deepcopy(doc)
-        job["metadata"] = {"name": f"{prefix}-{i:05d}", "namespace": namespace}
+    for job in trainingjobs(namespace, count, prefix, suspend):
         objects = trainingjob.render_trainingjob(validation.parse_trainingjob(job), OperatorConfig())
         objects[-1]["metadata"].pop("labels", None)
         out.append(objects)
     return out
+
+
+def raw_rayjobs(namespace: str, count: int, prefix: str, suspend: bool) -> list[dict[str, Any]]:
+    """The RayJob rayship renders for each job, as a plain RayJob."""
+    return [objects[-1] for objects in rendered_objects(namespace, count, prefix, suspend)]
 
 
 def create_per_job(client: kubernetes.client.ApiClient, namespace: str, jobs: list[list[dict[str, Any]]],
@@ -311,11 +296,11 @@ def main() -> None:
 
         # --- baseline: raw RayJob creates ---------------------------------------------------------
         ns = make_namespace(client, "raw")
-        warm = raw_rayjobs(ns, min(n, 50), suspend=True)  # connections, API server caches: not timed
-        for body in warm:
-            body["metadata"]["name"] = body["metadata"]["name"].replace("raw-", "warm-")
+        warm = raw_rayjobs(ns, min(n, 50), "warm", suspend=True)  # connections, API server caches: not timed
         create_all(client, ns, api.RAYJOBS, warm, args.threads)
-        sent, last = create_all(client, ns, api.RAYJOBS, raw_rayjobs(ns, n, suspend=True), args.threads)
+        sent, last = create_all(
+            client, ns, api.RAYJOBS, raw_rayjobs(ns, n, "raw", suspend=True), args.threads
+        )
         raw_s = last - min(sent.values())
         gone = delete_namespace(client, ns)
         print(
@@ -326,10 +311,14 @@ def main() -> None:
         workers = int(operator_env.get("RAYSHIP_WORKERS", OperatorConfig().workers))
         ns = make_namespace(client, "floor")
         floor_client = client_for(running.kubeconfig, workers)
-        create_per_job(floor_client, ns, rendered_objects(ns, 20, "warm"), workers)  # not timed
-        given, answered = create_per_job(floor_client, ns, rendered_objects(ns, args.burst, "b"), workers)
+        create_per_job(floor_client, ns, rendered_objects(ns, 20, "warm", suspend=True), workers)  # not timed
+        given, answered = create_per_job(
+            floor_client, ns, rendered_objects(ns, args.burst, "b", suspend=True), workers
+        )
         floor_burst = [t - given for t in answered]
-        given, answered = create_per_job(floor_client, ns, rendered_objects(ns, n, "j"), workers)
+        given, answered = create_per_job(
+            floor_client, ns, rendered_objects(ns, n, "j", suspend=True), workers
+        )
         floor_s = max(answered) - given
         delete_namespace(client, ns)
         print(
@@ -367,7 +356,7 @@ def main() -> None:
         m = args.kuberay_jobs
         ns = make_namespace(client, "kuberay")
         clusters = Seen(client, ns, RAYCLUSTERS, name=lambda o: o["metadata"]["ownerReferences"][0]["name"])
-        sent, _ = create_all(client, ns, api.RAYJOBS, raw_rayjobs(ns, m, suspend=False), args.threads)
+        sent, _ = create_all(client, ns, api.RAYJOBS, raw_rayjobs(ns, m, "raw", suspend=False), args.threads)
         clusters.wait(list(sent), args.timeout)
         clusters.stop()
         kuberay_s = max(clusters.at.values()) - min(sent.values())
