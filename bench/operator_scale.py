@@ -20,7 +20,7 @@ waited for) before the next phase; the last one (N TrainingJobs) is not waited f
                   rayship labels, suspended) created by --threads client threads; time from the first
                   create sent to the last create answered (after 50 untimed warm-up creates).
   floor           what the API server needs for the objects rayship must make per job (its
-                  ServiceAccount, Role and RoleBinding, then the RayJob: rendered by rayship, in that
+                  ServiceAccount and RoleBinding, then the RayJob: rendered by rayship, in that
                   order), by a client with as many threads as the operator has workers: --burst jobs
                   all given at once, per job from then until its RayJob create is answered (p99);
                   then N jobs, time until the last is answered. Not a goal's baseline: it says how
@@ -322,7 +322,7 @@ def main() -> None:
         floor_s = max(answered) - given
         delete_namespace(client, ns)
         print(
-            f"floor (ServiceAccount, Role, RoleBinding, RayJob per job; {workers} client threads): "
+            f"floor (ServiceAccount, RoleBinding, RayJob per job; {workers} client threads): "
             f"{args.burst} jobs at once: RayJob p99 {pct(floor_burst, 0.99):.2f} s; "
             f"{n} jobs in {floor_s:.2f} s ({floor_s / raw_s:.2f}x the raw RayJobs)"
         )

@@ -1050,6 +1050,11 @@ class TrainingJobStatus(ApiModel):
         None, alias="rayJobUID", description="UID of the RayJob launched for it (a missing one is lost)."
     )
     ray_cluster_name: str | None = Field(None, description="Name of the Ray cluster KubeRay created.")
+    workload_account: str | None = Field(
+        None,
+        description="ServiceAccount the Ray pods run as: besides the operator, the only workload "
+        "account that may write this status (rayship's admission policy; never changed by it).",
+    )
     job_id: str | None = Field(None, description="Ray job submission id.")
     dashboard_url: str | None = Field(None, alias="dashboardURL", description="Ray dashboard address.")
     start_time: str | None = Field(None, description="When the Ray job started (RFC 3339).")

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from rayship import api, chart, rbac
+from rayship import api, chart, names, rbac
 
 # Keys pydantic emits that a Kubernetes structural schema must not carry.
 _DROP = {"title", "additionalProperties", "$defs", "discriminator"}
@@ -170,8 +170,14 @@ helm install rayship charts/rayship -n rayship-system --create-namespace
 
 The operator's RBAC rules are generated from `operator/rayship/rbac.py` into
 `files/operator-rules.yaml` (a ClusterRole, or one Role per `watchNamespaces` entry). Each
-TrainingJob also gets its own ServiceAccount, Role and RoleBinding (created by the operator, owned
-by the TrainingJob): its Ray pods may `get`/`patch` that TrainingJob's `status` and nothing else.
+TrainingJob also gets its own ServiceAccount and RoleBinding (created by the operator, owned by the
+TrainingJob) to the ClusterRole `{names.WORKLOAD_ROLE}` (`files/workload.yaml`: `patch` on
+TrainingJob `status`). The ValidatingAdmissionPolicy `{names.WORKLOAD_POLICY}` (same file)
+narrows that to the job's own TrainingJob, the one whose `status.workloadAccount` names the
+ServiceAccount: its Ray pods may patch that status and nothing else. One ClusterRole instead of a Role
+per job: the operator may `bind` exactly that ClusterRole, so the API server does not read every
+RoleBinding of the namespace for each job (its no-escalation check of a Role the creator may not bind).
+Upgrading from a version with per-job Roles: those jobs keep their Role until they are deleted.
 
 Secrets: the operator may `create` Secrets (each ModelService's Ray token, named in the RayService's
 `authOptions.secretName`) but read none, except `rayship-ray-token-key` in its own namespace
@@ -194,6 +200,9 @@ def outputs(root: Path) -> dict[Path, str]:
     files[root / CHART / "files" / "operator-key-rules.yaml"] = HEADER.replace(
         "api.py", "rbac.py"
     ) + yaml.safe_dump(rbac.KEY_RULES, sort_keys=False)
+    files[root / CHART / "files" / "workload.yaml"] = HEADER.replace("api.py", "rbac.py") + yaml.safe_dump(
+        rbac.workload_objects(), sort_keys=False
+    )
     files[root / CHART / "values.schema.json"] = json.dumps(chart.values_schema(), indent=2) + "\n"
     files[root / CHART / "README.md"] = chart_readme()
     return files

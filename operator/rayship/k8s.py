@@ -134,7 +134,7 @@ def create(resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def ensure(body: Mapping[str, Any], owner: Mapping[str, Any]) -> None:
-    """Create a core/RBAC object (ServiceAccount, Role, RoleBinding) owned by `owner`, unless `owner`
+    """Create a core/RBAC object (ServiceAccount, RoleBinding, Secret) owned by `owner`, unless `owner`
     already owns one of that name. One that exists and is not `owner`'s is never used: `Busy` if it
     belongs to an earlier namesake being garbage-collected, `Rejected` otherwise."""
     try:
@@ -162,12 +162,11 @@ def ensure(body: Mapping[str, Any], owner: Mapping[str, Any]) -> None:
 
 
 def _read_core(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The stored ServiceAccount / Role / RoleBinding of `body`'s name (for its ownerReferences)."""
+    """The stored ServiceAccount / RoleBinding of `body`'s name (for its ownerReferences)."""
     core = kubernetes.client.CoreV1Api(_client())
     rbac = kubernetes.client.RbacAuthorizationV1Api(_client())
     readers: dict[str, Callable[..., Any]] = {
         "ServiceAccount": core.read_namespaced_service_account,
-        "Role": rbac.read_namespaced_role,
         "RoleBinding": rbac.read_namespaced_role_binding,
     }
     meta = body["metadata"]

@@ -82,9 +82,18 @@ RAY_TOKEN_KEY = "auth_token"  # KubeRay reads the token from this key of `authOp
 DASHBOARD_PORT = "dashboard"  # KubeRay's name for the head Service's dashboard port
 
 
+# The Ray pods of every TrainingJob: a ClusterRole (the chart's) that lets them patch TrainingJob status,
+# bound per job to the job's own ServiceAccount by a RoleBinding, and an admission policy that narrows
+# it to the job's own TrainingJob (`rbac.workload_policy`). Cluster-wide singletons, like the CRDs.
+WORKLOAD_ROLE = "rayship-workload"
+WORKLOAD_POLICY = "rayship-workload-writes-its-own-status"
+WORKLOAD_SUFFIX = "-workload"  # every workload ServiceAccount's name ends in it (the policy's match)
+
+
 def workload_account(trainingjob_name: str) -> str:
-    """ServiceAccount (and Role, RoleBinding) the Ray pods of one TrainingJob run as."""
-    return dns1035_name(f"{trainingjob_name}-workload", 63)
+    """ServiceAccount (and RoleBinding) the Ray pods of one TrainingJob run as: `<name>-workload`,
+    the name shortened (stably, with a hash) when it would not fit; it always ends in -workload."""
+    return dns1035_name(trainingjob_name, 63 - len(WORKLOAD_SUFFIX)) + WORKLOAD_SUFFIX
 
 
 # KubeRay labels every Ray pod app.kubernetes.io/name=kuberay, and the RayJob's and RayService's

@@ -40,10 +40,17 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "resources": ["serviceaccounts"],
         "verbs": ["get", "create"],
     },
-    {
+    {  # binds each TrainingJob's ServiceAccount to the workload ClusterRole (get: whose it is)
         "apiGroups": ["rbac.authorization.k8s.io"],
-        "resources": ["roles", "rolebindings"],
+        "resources": ["rolebindings"],
         "verbs": ["get", "create"],
+    },
+    {  # that ClusterRole only. A RoleBinding made without `bind` on its role costs the API server a
+        # read of every RoleBinding in the namespace (its no-escalation check): O(jobs) per job.
+        "apiGroups": ["rbac.authorization.k8s.io"],
+        "resources": ["clusterroles"],
+        "resourceNames": [names.WORKLOAD_ROLE],
+        "verbs": ["bind"],
     },
     {  # each ModelService's Ray token Secret: created, never read (the operator derives the token)
         "apiGroups": [""],
@@ -72,6 +79,86 @@ KEY_RULES: list[dict[str, Any]] = [
     },
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},  # made on first start
 ]
+
+
+# The Ray pods of a TrainingJob (ClusterRole names.WORKLOAD_ROLE, bound per job): they report
+# progress, checkpoints and tuning results into status. Which TrainingJob: `workload_policy`.
+WORKLOAD_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [api.GROUP], "resources": [f"{api.TRAINING_JOB.plural}/status"], "verbs": ["patch"]},
+]
+
+_ACCOUNT_PREFIX = "'system:serviceaccount:' + request.namespace + ':'"
+
+
+def workload_policy() -> dict[str, Any]:
+    """The spec of ValidatingAdmissionPolicy names.WORKLOAD_POLICY: a request by a workload
+    ServiceAccount (one of the TrainingJob's namespace whose name ends in -workload) may write only the
+    status of the TrainingJob whose `status.workloadAccount` (the operator's) names it, and never that
+    field. RBAC cannot say "its own" for names made per job without a Role per job, whose create costs
+    the API server a read of every RoleBinding in the namespace."""
+    account = f"{_ACCOUNT_PREFIX} + oldObject.status.workloadAccount"
+    return {
+        "failurePolicy": "Fail",
+        "matchConstraints": {
+            "resourceRules": [
+                {
+                    "apiGroups": [api.GROUP],
+                    "apiVersions": ["*"],
+                    "operations": ["UPDATE"],
+                    "resources": [f"{api.TRAINING_JOB.plural}/status"],
+                }
+            ]
+        },
+        "matchConditions": [
+            {
+                "name": "workload-accounts",
+                "expression": f"request.userInfo.username.startsWith({_ACCOUNT_PREFIX}) && "
+                f"request.userInfo.username.endsWith('{names.WORKLOAD_SUFFIX}')",
+            }
+        ],
+        "validations": [
+            {
+                "expression": "has(oldObject.status) && has(oldObject.status.workloadAccount) && "
+                f"request.userInfo.username == {account}",
+                "reason": "Forbidden",
+                "messageExpression": "request.userInfo.username + ' may write the status of its own "
+                "TrainingJob only, not ' + request.namespace + '/' + object.metadata.name",
+            },
+            {
+                "expression": "has(oldObject.status) && has(oldObject.status.workloadAccount) && "
+                "has(object.status) && has(object.status.workloadAccount) && "
+                "object.status.workloadAccount == oldObject.status.workloadAccount",
+                "reason": "Forbidden",
+                "message": "status.workloadAccount is the operator's to write",
+            },
+        ],
+    }
+
+
+def workload_objects() -> list[dict[str, Any]]:
+    """The chart's cluster-wide objects for the Ray pods of every TrainingJob: the ClusterRole each
+    job's RoleBinding binds, and the admission policy (with its binding) that narrows it."""
+    admission = "admissionregistration.k8s.io/v1"
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": names.WORKLOAD_ROLE},
+            "rules": WORKLOAD_RULES,
+        },
+        {
+            "apiVersion": admission,
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": names.WORKLOAD_POLICY},
+            "spec": workload_policy(),
+        },
+        {
+            "apiVersion": admission,
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": names.WORKLOAD_POLICY},
+            "spec": {"policyName": names.WORKLOAD_POLICY, "validationActions": ["Deny"]},
+        },
+    ]
 
 
 def allows(

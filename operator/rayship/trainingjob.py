@@ -214,8 +214,10 @@ def build_rayjob(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
 
 
 def build_workload_rbac(tj: api.TrainingJob) -> list[dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding for the Ray pods: they may read and patch the status of
-    their own TrainingJob (progress reporting) and nothing else."""
+    """ServiceAccount and RoleBinding for the Ray pods: bound to the chart's ClusterRole
+    (names.WORKLOAD_ROLE: patch TrainingJob status), narrowed by the chart's admission policy
+    (rbac.workload_policy) to the status of their own TrainingJob, which names this ServiceAccount
+    in status.workloadAccount. Nothing else."""
     name = names.workload_account(tj.metadata.name)
     metadata: dict[str, Any] = {"name": name}
     if tj.metadata.namespace:
@@ -224,25 +226,17 @@ def build_workload_rbac(tj: api.TrainingJob) -> list[dict[str, Any]]:
     subject: dict[str, Any] = {"kind": "ServiceAccount", "name": name}
     if tj.metadata.namespace:
         subject["namespace"] = tj.metadata.namespace
-    rule = {
-        "apiGroups": [api.GROUP],
-        "resources": [f"{api.TRAINING_JOB.plural}/status"],
-        "resourceNames": [tj.metadata.name],
-        "verbs": ["get", "patch"],
-    }
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(metadata)},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": dict(metadata),
-            "rules": [rule],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
             "metadata": dict(metadata),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": names.WORKLOAD_ROLE,
+            },
             "subjects": [subject],
         },
     ]
@@ -289,7 +283,12 @@ def plan(
     meta = trainingjob["metadata"]
     rayjob_name = names.rayjob_name(meta["name"])
     current = trainingjob.get("status") or {}
-    base = Observation(generation=meta.get("generation", 0), current=current, rayjob_name=rayjob_name)
+    base = Observation(
+        generation=meta.get("generation", 0),
+        current=current,
+        rayjob_name=rayjob_name,
+        workload_account=names.workload_account(meta["name"]),
+    )
     try:
         tj = parse_trainingjob(trainingjob, admitted=True)  # read from the API server
     except SpecError as err:
@@ -406,6 +405,7 @@ class Observation:
     current: Mapping[str, Any] = field(default_factory=dict)  # the TrainingJob's status as stored
     rayjob: Mapping[str, Any] | None = None  # the owned RayJob, if any
     rayjob_name: str | None = None
+    workload_account: str | None = None  # the ServiceAccount its Ray pods run as (may write status)
     invalid: str | None = None  # why the spec cannot be rendered (None: valid)
     unapplied: tuple[str, ...] = ()  # spec fields edited after launch that KubeRay cannot apply
     gpus: int | None = None
@@ -519,6 +519,8 @@ def _rayjob_fields(obs: Observation, rj: Mapping[str, Any], phase: str, now: dat
     out: dict[str, Any] = {}
     if obs.rayjob_name:
         out["rayJobName"] = obs.rayjob_name
+    if obs.workload_account and obs.rayjob is not None:  # ours, made after its ServiceAccount
+        out["workloadAccount"] = obs.workload_account
     uid = (obs.rayjob or {}).get("metadata", {}).get("uid") or obs.current.get("rayJobUID")
     if uid:
         out["rayJobUID"] = uid  # launched: a RayJob missing later is lost, never re-created

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rayship import chart, generate, rbac
+from rayship import chart, generate, names, rbac
 from rayship.config import OperatorConfig
 from tests.conftest import ROOT
 
@@ -104,14 +104,31 @@ def test_crds_are_the_generated_ones_and_kept(tmp_path: Path) -> None:
     )
 
 
+def test_the_workload_admission_policy_is_the_generated_one_and_bound(tmp_path: Path) -> None:
+    for variant in ("default", "namespaced"):
+        objects = template(variant, tmp_path)
+        (policy,) = by_kind(objects, "ValidatingAdmissionPolicy")
+        (binding,) = by_kind(objects, "ValidatingAdmissionPolicyBinding")
+        assert policy["metadata"]["name"] == names.WORKLOAD_POLICY
+        assert policy["spec"] == rbac.workload_policy()
+        assert binding["spec"] == {"policyName": names.WORKLOAD_POLICY, "validationActions": ["Deny"]}
+
+
 def test_rbac_is_exactly_the_operators_rules_without_wildcards(tmp_path: Path) -> None:
-    (role,) = by_kind(template("default", tmp_path), "ClusterRole")
+    cluster_roles = {r["metadata"]["name"]: r for r in by_kind(template("default", tmp_path), "ClusterRole")}
+    workload = cluster_roles.pop(names.WORKLOAD_ROLE)  # the Ray pods': bound per TrainingJob
+    assert workload["rules"] == rbac.WORKLOAD_RULES
+    (role,) = cluster_roles.values()
     assert role["rules"] == rbac.OPERATOR_RULES
-    assert all(
-        "*" not in v for rule in role["rules"] for v in rule["apiGroups"] + rule["resources"] + rule["verbs"]
-    )
+    for r in (role, workload):
+        assert all(
+            "*" not in v for rule in r["rules"] for v in rule["apiGroups"] + rule["resources"] + rule["verbs"]
+        )
     namespaced = template("namespaced", tmp_path)
-    assert not by_kind(namespaced, "ClusterRole") and not by_kind(namespaced, "ClusterRoleBinding")
+    # The operator's rights become Roles in its namespaces; the workload ClusterRole stays (the per-job
+    # RoleBindings bind it in those namespaces) and no ClusterRoleBinding is made.
+    assert [r["metadata"]["name"] for r in by_kind(namespaced, "ClusterRole")] == [names.WORKLOAD_ROLE]
+    assert not by_kind(namespaced, "ClusterRoleBinding")
     roles = by_kind(namespaced, "Role")
     key_role = next(r for r in roles if r["metadata"]["name"].endswith("-token-key"))
     roles.remove(key_role)

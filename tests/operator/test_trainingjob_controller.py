@@ -189,12 +189,19 @@ def test_someone_elses_serviceaccount_is_never_borrowed(kube: Kube, operator) ->
 
 
 def test_workload_progress_and_operator_status_never_lose_each_other(kube: Kube, operator) -> None:
-    """The Ray pods patch status.progress as the per-job ServiceAccount (a real token, real RBAC)
-    while the operator writes phase and conditions."""
+    """The Ray pods patch status.progress as the per-job ServiceAccount (a real token, real RBAC, the
+    chart's real admission policy) while the operator writes phase and conditions; they may write
+    their own TrainingJob's status only, and never the field that says whose it is."""
     kube.pvc()
     kube.create(TJ, sample("racer"))
     kube.create(TJ, sample("neighbour"))
     rayjob_of(kube, "racer")
+    for name in ("racer", "neighbour"):  # the operator names the account with its first status write
+        wait_for(
+            lambda n=name: kube.status(TJ, n).get("workloadAccount") == f"{n}-workload",
+            60,
+            what=f"status.workloadAccount of {name}",
+        )
     account = wait_for(
         lambda: [a for a in kube.core.list_namespaced_service_account(kube.namespace).items
                  if a.metadata.name == "racer-workload"],
@@ -216,11 +223,21 @@ def test_workload_progress_and_operator_status_never_lose_each_other(kube: Kube,
             {"status": {"progress": {"epoch": epoch, "metrics": {"loss": 1.0 / epoch}}}},
         )  # fmt: skip
         time.sleep(0.1)
-    with pytest.raises(ApiException) as denied:  # its Role names its own TrainingJob only
+    # Its RoleBinding's ClusterRole allows any TrainingJob's status; the admission policy refuses
+    # every one but its own, and refuses it a new owner.
+    with pytest.raises(ApiException) as denied:
         workload.patch_namespaced_custom_object_status(
             group, version, kube.namespace, plural, "neighbour", {"status": {"progress": {"epoch": 99}}}
         )
-    assert denied.value.status == 403
+    assert denied.value.status == 403, denied.value.body
+    assert "racer-workload may write the status of its own TrainingJob only" in denied.value.body
+    with pytest.raises(ApiException) as denied:
+        workload.patch_namespaced_custom_object_status(
+            group, version, kube.namespace, plural, "racer",
+            {"status": {"workloadAccount": "neighbour-workload"}},
+        )  # fmt: skip
+    assert denied.value.status == 403 and "operator's to write" in denied.value.body, denied.value.body
+    assert kube.status(TJ, "neighbour").get("progress") is None
     wait_for(lambda: kube.status(TJ, "racer").get("rayClusterName"), 60, what="operator status writes")
     st = kube.status(TJ, "racer")
     assert st["progress"]["epoch"] == 20 and st["phase"] in ("Pending", "Running")

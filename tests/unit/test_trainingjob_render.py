@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rayship import names, trainingjob
+from rayship import names, rbac, trainingjob
 from rayship.config import OperatorConfig
 from rayship.validation import parse_trainingjob
 from tests.conftest import SAMPLES
@@ -205,31 +205,46 @@ def test_entrypoint_carries_the_resolved_trainingjob(spec: Path) -> None:
 
 def test_workload_rbac_is_least_privilege_and_used_by_the_ray_pods() -> None:
     objects = rendered_all(SAMPLES / "trainingjob-ddp.yaml")
-    assert [o["kind"] for o in objects] == ["ServiceAccount", "Role", "RoleBinding", "RayJob"]
-    account, role, binding, rayjob = objects
-    assert (
-        account["metadata"]["name"]
-        == role["metadata"]["name"]
-        == binding["metadata"]["name"]
-        == "mlp-ddp-workload"
-    )
-    assert role["rules"] == [
-        {
-            "apiGroups": ["rayship.dev"],
-            "resources": ["trainingjobs/status"],
-            "resourceNames": ["mlp-ddp"],
-            "verbs": ["get", "patch"],
-        }
-    ]
+    assert [o["kind"] for o in objects] == ["ServiceAccount", "RoleBinding", "RayJob"]
+    account, binding, rayjob = objects
+    assert account["metadata"]["name"] == binding["metadata"]["name"] == "mlp-ddp-workload"
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "Role",
-        "name": "mlp-ddp-workload",
+        "kind": "ClusterRole",
+        "name": names.WORKLOAD_ROLE,
     }
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "mlp-ddp-workload", "namespace": "default"}
     ]
     assert all(p["serviceAccountName"] == "mlp-ddp-workload" for p in pods(rayjob))
+    # The ClusterRole it binds: patch TrainingJob status, nothing else (the chart's admission policy
+    # narrows it to the job's own TrainingJob: tests/operator, on the real API server).
+    (role,) = [o for o in rbac.workload_objects() if o["kind"] == "ClusterRole"]
+    assert role["metadata"]["name"] == names.WORKLOAD_ROLE
+    assert role["rules"] == [
+        {"apiGroups": ["rayship.dev"], "resources": ["trainingjobs/status"], "verbs": ["patch"]}
+    ]
+    # The operator may bind that ClusterRole and no other; it makes no Roles.
+    binds = [r for r in rbac.OPERATOR_RULES if "bind" in r["verbs"]]
+    assert binds == [
+        {
+            "apiGroups": ["rbac.authorization.k8s.io"],
+            "resources": ["clusterroles"],
+            "resourceNames": [names.WORKLOAD_ROLE],
+            "verbs": ["bind"],
+        }
+    ]
+    assert not any("roles" in r["resources"] for r in rbac.OPERATOR_RULES)
+
+
+def test_workload_accounts_always_end_in_the_suffix_the_admission_policy_matches() -> None:
+    for name in ("mlp", "x" * 54, "x" * 55, "x" * 253, "7-starts-with-digit", "a.b"):
+        account = names.workload_account(name)
+        assert account.endswith(names.WORKLOAD_SUFFIX) and len(account) <= 63, account
+        assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", account), account
+    assert names.workload_account("mlp-ddp") == "mlp-ddp-workload"
+    assert names.workload_account("x" * 54) == "x" * 54 + "-workload"
+    assert names.workload_account("x" * 55) != names.workload_account("x" * 54 + "y")
 
 
 def test_long_names_are_truncated_stably_and_distinctly() -> None:

@@ -162,6 +162,17 @@ def test_rayjob_fields_and_gpu_seconds() -> None:
     assert "completionTime" not in st
 
 
+def test_the_workload_account_is_named_once_our_rayjob_exists() -> None:
+    """status.workloadAccount lets that ServiceAccount (and no other workload account) write the
+    status (the chart's admission policy): named only once the RayJob, made after its ServiceAccount
+    and RoleBinding, exists; never for a RayJob that is not ours."""
+    named = obs(rayjob("Running", "RUNNING"), workload_account="tj-workload")
+    assert derive(named, NOW)["workloadAccount"] == "tj-workload"
+    assert "workloadAccount" not in derive(obs(None, workload_account="tj-workload"), NOW)
+    blocked = obs(None, workload_account="tj-workload", blocked=("RayJobNameTaken", "not ours"))
+    assert "workloadAccount" not in derive(blocked, NOW)
+
+
 def test_owned_changes_is_empty_when_nothing_changed() -> None:
     st = derive(obs(rayjob("Running", "RUNNING")), NOW)
     stored = {**st, "progress": {"epoch": 2}}  # written by the workload, not ours
