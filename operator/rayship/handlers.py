@@ -254,6 +254,27 @@ _watched: dict[str, kopf.Index[tuple[str | None, str], dict[str, Any]]] = {}
 # resync reconciles only those no event reconciled within the interval.
 _reconciled: dict[tuple[str, str], float] = {}
 _stop_resync = threading.Event()
+# kopf never retries an event handler: `retried` does, this many times, before the resync takes over.
+EVENT_ATTEMPTS = 3
+
+
+def retried(what: str, reconcile_once: Callable[[], None]) -> None:
+    """Run a reconcile an event triggered; a temporary failure (the API server busy, or its discovery
+    still blind to a CRD installed moments ago: up to half a minute after `helm install`) is retried
+    after its delay, up to EVENT_ATTEMPTS in all. Otherwise it would wait for the resync (minutes):
+    kopf retries the handlers of changes, never those of events. The operator stopping ends it."""
+    for attempt in range(1, EVENT_ATTEMPTS + 1):
+        try:
+            reconcile_once()
+            return
+        except kopf.TemporaryError as err:
+            if attempt == EVENT_ATTEMPTS:
+                raise
+            log.info(
+                "%s: %s; again in %s s (attempt %d of %d)", what, err, err.delay, attempt + 1, EVENT_ATTEMPTS
+            )
+            if _stop_resync.wait(err.delay or 1):
+                raise
 
 
 def resync_trainingjobs(config: OperatorConfig) -> None:
@@ -320,7 +341,12 @@ def rayjob_changed(
     owner = labels[names.LABEL_TRAININGJOB]
     known = _one(trainingjobs_seen, (namespace, owner))
     seen = None if known is None else Seen(known, None if type == "DELETED" else _kept(body))
-    reconcile_trainingjob(_namespaced(namespace), owner, memo.config, seen)
+    ns = _namespaced(namespace)
+    given = iter([seen])  # the first attempt works from the watch; a retry reads both afresh
+    retried(
+        f"TrainingJob {ns}/{owner}",
+        lambda: reconcile_trainingjob(ns, owner, memo.config, next(given, None)),
+    )
 
 
 # --- ModelService --------------------------------------------------------------------------------
@@ -357,7 +383,8 @@ def modelservice_rollout(*, namespace: str | None, name: str, memo: kopf.Memo, *
 def rayservice_changed(
     *, namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any
 ) -> None:
-    reconcile(SERVING, _namespaced(namespace), labels[names.LABEL_MODELSERVICE], memo.config)
+    ns, service = _namespaced(namespace), labels[names.LABEL_MODELSERVICE]
+    retried(f"ModelService {ns}/{service}", lambda: reconcile(SERVING, ns, service, memo.config))
 
 
 @kopf.index(*api.MODELSERVICES)
@@ -392,8 +419,11 @@ def trainingjob_for_services(
             _forget(uid)
     else:
         _trainingjobs.add((_namespaced(namespace), name))
+    ns = _namespaced(namespace)
     for service in services_by_trainingjob.get((namespace, name), []):
-        reconcile(SERVING, _namespaced(namespace), service, memo.config)
+        retried(
+            f"ModelService {ns}/{service}", functools.partial(reconcile, SERVING, ns, service, memo.config)
+        )
 
 
 def _kept(body: Mapping[str, Any], drop_spec: tuple[str, ...] = ()) -> dict[str, Any]:

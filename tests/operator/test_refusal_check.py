@@ -13,10 +13,11 @@ HTTP response headers: HTTPHeaderDict({'Audit-Id': 'a7622e4a-92c3-403d-8b9e-c771
 Reason: Forbidden
 HTTP response body: serviceaccounts is forbidden
 [2026-11-25 16:05:40,001] kopf.objects [WARNING] Event: namespace cp-test is being terminated: Forbidden, because it is being terminated
+[2026-11-26 13:31:54,988] rayship [INFO] ModelService op-1/mlp: the API server does not know the owner's kind yet: secrets "mlp-ray-token" is forbidden: cannot set blockOwnerDeletion in this case because cannot find RESTMapping for APIVersion rayship.dev/v1alpha1 Kind ModelService: no matches for kind "ModelService" in version "rayship.dev/v1alpha1"; again in 5 s (attempt 2 of 3)
 """
 
 
-def test_ids_and_milliseconds_are_not_refusals_and_a_real_one_is_caught_with_its_lines() -> None:
+def test_ids_milliseconds_and_discovery_lag_are_not_refusals_and_a_real_one_is_caught() -> None:
     assert refused_lines(LOG) == [
         "[2026-11-25 16:05:28,100] kopf.objects [ERROR] Handler 'create' failed: (403)",
         "Reason: Forbidden",

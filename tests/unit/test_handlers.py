@@ -62,3 +62,40 @@ def test_a_reconcile_still_queued_for_a_thread_is_dropped_when_the_operator_stop
     finally:
         handlers._executor = previous
     assert ran == ["running"]
+
+
+def test_a_reconcile_an_event_triggered_is_retried_after_a_temporary_failure() -> None:
+    """kopf never retries an event handler: `retried` does, after the error's delay, a few times."""
+    import kopf
+    import pytest
+
+    from rayship import handlers
+
+    calls: list[int] = []
+
+    def flaky() -> None:
+        calls.append(1)
+        if len(calls) < handlers.EVENT_ATTEMPTS:
+            raise kopf.TemporaryError("the API server does not know the owner's kind yet", delay=0.01)
+
+    handlers.retried("ModelService ns/m", flaky)
+    assert len(calls) == handlers.EVENT_ATTEMPTS
+
+    calls.clear()
+
+    def always() -> None:
+        calls.append(1)
+        raise kopf.TemporaryError("busy", delay=0.01)
+
+    with pytest.raises(kopf.TemporaryError, match="busy"):
+        handlers.retried("ModelService ns/m", always)
+    assert len(calls) == handlers.EVENT_ATTEMPTS  # then the resync takes over
+
+    calls.clear()
+    handlers._stop_resync.set()  # the operator stops: no more waiting
+    try:
+        with pytest.raises(kopf.TemporaryError):
+            handlers.retried("ModelService ns/m", always)
+        assert len(calls) == 1
+    finally:
+        handlers._stop_resync.clear()
