@@ -249,13 +249,17 @@ def patch(resource: Resource, namespace: str, name: str, body: Mapping[str, Any]
 
 def patch_status(
     resource: Resource, namespace: str, name: str, status: Mapping[str, Any], resource_version: str
-) -> None:
-    """Merge-patch the status subresource, only if the object is still at `resource_version`."""
+) -> dict[str, Any]:
+    """Merge-patch the status subresource, only if the object is still at `resource_version`; the
+    object as stored after."""
     group, version, plural = resource
     body = {"metadata": {"resourceVersion": resource_version}, "status": dict(status)}
     try:
-        _custom().patch_namespaced_custom_object_status(
-            group, version, namespace, plural, name, body, _request_timeout=TIMEOUT
+        return cast(
+            dict[str, Any],
+            _custom().patch_namespaced_custom_object_status(
+                group, version, namespace, plural, name, body, _request_timeout=TIMEOUT
+            ),
         )
     except ApiException as err:
         if err.status == 409:

@@ -99,3 +99,26 @@ def test_a_reconcile_an_event_triggered_is_retried_after_a_temporary_failure() -
         assert len(calls) == 1
     finally:
         handlers._stop_resync.clear()
+
+
+def test_a_reconcile_starts_from_its_own_status_write_until_the_watch_shows_it() -> None:
+    """Under load the watch lags behind the operator's own status writes: a reconcile from the watch
+    starts from the remembered write (not a 409 and two GETs), until the watch shows a newer version."""
+    from rayship import handlers
+
+    key = ("TrainingJob", "ns", "tj")
+    old = {"metadata": {"name": "tj", "resourceVersion": "10"}, "status": {}}
+    written = {"metadata": {"name": "tj", "resourceVersion": "11"}, "status": {"phase": "Pending"}}
+    handlers._written[key] = ("10", written)
+    try:
+        seen = handlers.Seen(old, None)
+        assert handlers._with_own_write(*key, seen).obj is written
+        newer = {"metadata": {"name": "tj", "resourceVersion": "12"}}
+        assert handlers._with_own_write(*key, handlers.Seen(newer, None)).obj is newer
+        handlers._watch_caught_up("TrainingJob", "ns", "tj", old)  # the watch still at 10: kept
+        assert key in handlers._written
+        handlers._watch_caught_up("TrainingJob", "ns", "tj", written)  # it shows 11: forgotten
+        assert key not in handlers._written
+        assert handlers._with_own_write(*key, seen).obj is old
+    finally:
+        handlers._written.pop(key, None)
