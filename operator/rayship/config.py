@@ -62,7 +62,8 @@ class OperatorConfig(BaseSettings):
         ge=1,
         le=256,
         description="Reconciles run at once (threads; each mostly waits on the API server). Measured "
-        "with 1000 TrainingJobs at once on a 2-core control plane: 6 took 10x the raw creates, 32 took 5.5x.",
+        "with 1000 TrainingJobs at once on a 2-core control plane: 32 finish them 1.8x sooner than 6, "
+        "kopf's default there.",
     )
     wedged_seconds: float = Field(
         300, ge=30, description="Liveness fails when one reconcile has been running longer than this."

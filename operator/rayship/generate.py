@@ -194,15 +194,14 @@ def outputs(root: Path) -> dict[Path, str]:
         text = dump(crd(kind))
         files[root / "manifests" / "crds" / f"{kind.crd_name}.yaml"] = text
         files[root / CHART / "files" / "crds" / f"{kind.crd_name}.yaml"] = text
-    files[root / CHART / "files" / "operator-rules.yaml"] = HEADER.replace(
-        "api.py", "rbac.py"
-    ) + yaml.safe_dump(rbac.OPERATOR_RULES, sort_keys=False)
-    files[root / CHART / "files" / "operator-key-rules.yaml"] = HEADER.replace(
-        "api.py", "rbac.py"
-    ) + yaml.safe_dump(rbac.KEY_RULES, sort_keys=False)
-    files[root / CHART / "files" / "workload.yaml"] = HEADER.replace("api.py", "rbac.py") + yaml.safe_dump(
-        rbac.workload_objects(), sort_keys=False
-    )
+    for file, generated in (
+        ("operator-rules.yaml", rbac.OPERATOR_RULES),
+        ("operator-key-rules.yaml", rbac.KEY_RULES),
+        ("workload.yaml", rbac.workload_objects()),
+    ):
+        files[root / CHART / "files" / file] = HEADER.replace("api.py", "rbac.py") + yaml.safe_dump(
+            generated, sort_keys=False
+        )
     files[root / CHART / "values.schema.json"] = json.dumps(chart.values_schema(), indent=2) + "\n"
     files[root / CHART / "README.md"] = chart_readme()
     return files

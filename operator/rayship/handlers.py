@@ -413,15 +413,15 @@ def trainingjob_for_services(
 ) -> None:
     """A TrainingJob changed (or went away): the ModelServices that serve it re-resolve their model."""
     _watched.update(trainingjobs=trainingjobs_seen, rayjobs=rayjobs_seen)  # kopf's live views, for resync
+    ns = _namespaced(namespace)
     if type == "DELETED":
-        _trainingjobs.discard((_namespaced(namespace), name))
-        _reconciled.pop((_namespaced(namespace), name), None)
-        _written.pop((TRAINING.kind, _namespaced(namespace), name), None)
+        _trainingjobs.discard((ns, name))
+        _reconciled.pop((ns, name), None)
+        _written.pop((TRAINING.kind, ns, name), None)
         if uid:
             _forget(uid)
     else:
-        _trainingjobs.add((_namespaced(namespace), name))
-    ns = _namespaced(namespace)
+        _trainingjobs.add((ns, name))
     for service in services_by_trainingjob.get((namespace, name), []):
         retried(
             f"ModelService {ns}/{service}", functools.partial(reconcile, SERVING, ns, service, memo.config)
@@ -491,10 +491,15 @@ _written: dict[tuple[str, str, str], tuple[str, dict[str, Any]]] = {}
 
 
 def _with_own_write(kind: str, namespace: str, name: str, seen: Seen) -> Seen:
-    """`seen`, its resource replaced by our own later write when the watch has not shown that yet."""
+    """`seen`, its resource replaced by our own later write when the watch has not shown that yet.
+    A write the watch has moved past is forgotten here too: its own event may have come before the
+    write was remembered, and no later event may come (the resync still passes by)."""
     mine = _written.get((kind, namespace, name))
-    if mine is not None and seen.obj["metadata"].get("resourceVersion") == mine[0]:
+    if mine is None:
+        return seen
+    if seen.obj["metadata"].get("resourceVersion") == mine[0]:
         return replace(seen, obj=mine[1])
+    _written.pop((kind, namespace, name), None)
     return seen
 
 
