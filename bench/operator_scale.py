@@ -34,6 +34,9 @@ waited for) before the next phase; the last one (N TrainingJobs) is not waited f
                   (controlplane/cluster.py: all requests of ServiceAccounts of the operator's
                   namespace, at Metadata level, one line per request by auditID; kopf's watches and
                   Event posts included) from the first create until 5 s after all-done, ÷ N.
+                  CPU: user + system seconds of each component's process group (psutil over /proc)
+                  and of this process, from the first create to all-done, per job: where the 2
+                  cores went (the raw RayJobs phase prints the same table for its creates).
                   RSS: VmRSS (and VmHWM, the peak) of the operator process (/proc/<pid>/status) then;
                   also of a restarted operator holding the same N, once its API calls stop for 10 s.
   KubeRay alone   --kuberay-jobs raw RayJobs, not suspended: time until KubeRay has made every
@@ -52,6 +55,7 @@ import argparse
 import collections
 import copy
 import json
+import os
 import statistics
 import sys
 import threading
@@ -64,6 +68,7 @@ from typing import Any
 
 import kubernetes
 import kubernetes.utils
+import psutil
 import yaml
 from kubernetes.client.exceptions import ApiException
 
@@ -259,6 +264,33 @@ def rss_kb(pid: int) -> dict[str, int]:
     return fields
 
 
+def cpu_seconds(groups: dict[str, int]) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by every live process of each named process group
+    (controlplane starts each component as its own group), and by this process ("benchmark")."""
+    by_group: dict[int, float] = collections.defaultdict(float)
+    for proc in psutil.process_iter():
+        try:
+            times = proc.cpu_times()
+            by_group[os.getpgid(proc.pid)] += times.user + times.system
+        except (psutil.Error, ProcessLookupError):
+            continue  # gone since the listing
+    own = psutil.Process().cpu_times()
+    return {name: by_group.get(pgid, 0.0) for name, pgid in groups.items()} | {
+        "benchmark (client, watches)": own.user + own.system
+    }
+
+
+def cpu_table(before: dict[str, float], after: dict[str, float], wall: float, n: int, window: str) -> None:
+    used = {name: after[name] - before.get(name, 0.0) for name in after}
+    total = sum(used.values())
+    print(f"  CPU from {window} ({wall:.1f} s on {os.cpu_count()} cores), by component:")
+    for name, seconds in sorted(used.items(), key=lambda kv: -kv[1]):
+        print(
+            f"    {name:<28} {seconds:7.2f} s  {100 * seconds / total:5.1f}%  {1000 * seconds / n:6.2f} ms/job"
+        )
+    print(f"    {'all':<28} {total:7.2f} s  = {total / wall:.2f} cores busy")
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
@@ -298,14 +330,17 @@ def main() -> None:
         ns = make_namespace(client, "raw")
         warm = raw_rayjobs(ns, min(n, 50), "warm", suspend=True)  # connections, API server caches: not timed
         create_all(client, ns, api.RAYJOBS, warm, args.threads)
-        sent, last = create_all(
-            client, ns, api.RAYJOBS, raw_rayjobs(ns, n, "raw", suspend=True), args.threads
-        )
+        groups = {name: int(proc["pid"]) for name, proc in controlplane.status()["processes"].items()}
+        bodies = raw_rayjobs(ns, n, "raw", suspend=True)
+        cpu_before = cpu_seconds(groups)
+        sent, last = create_all(client, ns, api.RAYJOBS, bodies, args.threads)
         raw_s = last - min(sent.values())
+        cpu_after, cpu_wall = cpu_seconds(groups), time.monotonic() - min(sent.values())
         gone = delete_namespace(client, ns)
         print(
             f"raw RayJobs: {n} created in {raw_s:.2f} s ({n / raw_s:.0f}/s); namespace deleted in {gone:.0f} s"
         )
+        cpu_table(cpu_before, cpu_after, cpu_wall, n, "the first create to the last answered")
 
         # --- floor: the objects rayship makes per job, by a client as concurrent as the operator ----------
         workers = int(operator_env.get("RAYSHIP_WORKERS", OperatorConfig().workers))
@@ -385,14 +420,18 @@ def main() -> None:
             client, ns, api.TRAININGJOBS, done=lambda o: bool((o.get("status") or {}).get("phase"))
         )
         offset = audit_offset()
-        sent, last = create_all(
-            client, ns, api.TRAININGJOBS, trainingjobs(ns, n, "j", suspend=True), args.threads
-        )
+        groups = {name: int(proc["pid"]) for name, proc in controlplane.status()["processes"].items()}
+        groups = {name: pgid for name, pgid in groups.items() if pgid != handle.pid}
+        groups["rayship operator"] = handle.pid
+        bodies = trainingjobs(ns, n, "j", suspend=True)
+        cpu_before = cpu_seconds(groups)
+        sent, last = create_all(client, ns, api.TRAININGJOBS, bodies, args.threads)
         first = min(sent.values())
         create_s = last - first
         complete = rayjobs.wait(list(sent), args.timeout) and statuses.wait(list(sent), args.timeout)
         done_at = max([*rayjobs.at.values(), *statuses.at.values()])
         all_done_s = done_at - first
+        cpu_after, cpu_wall = cpu_seconds(groups), time.monotonic() - first
         memory = rss_kb(handle.pid)
         time.sleep(5)
         calls = [e for e in audit_since(offset) if (e.get("objectRef") or {}).get("namespace") in (ns, None)]
@@ -410,6 +449,7 @@ def main() -> None:
             f"  all-done ÷ raw RayJob creates: {all_done_s / raw_s:.2f}x (goal <= 3x); "
             f"÷ the floor: {all_done_s / floor_s:.2f}x"
         )
+        cpu_table(cpu_before, cpu_after, cpu_wall, n, "the first create to all-done")
         print(
             f"  operator RSS {memory['VmRSS'] / 1024:.0f} MB, peak {memory['VmHWM'] / 1024:.0f} MB (goal <= 150 MB)"
         )
