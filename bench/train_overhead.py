@@ -3,6 +3,7 @@ on the same model and data, and vs a plain PyTorch loop per core.
 
     flock /tmp/rayship-ray.lock .venv/bin/python bench/train_overhead.py [--epochs 5] [--samples 8192]
         [--batch 64] [--features 256] [--hidden 2048 1408] [--workers 1 2]
+        [--bound-batch 1024] [--bound-samples 32768] [--bound-epochs 3]
 
 Questions: how much does the built-in `mlp` recipe (the product: Ray Data shards, DDP, a report and a
 signed checkpoint every epoch, the export) cost against the TorchTrainer a user would write by hand
@@ -10,8 +11,15 @@ for the same model and rows (goal >= 0.95 steady, >= 0.9 end-to-end), and what d
 per core against plain PyTorch (reported; goal >= 0.8 with a compute-bound model)?
 
 Every side trains the same thing: an MLP --features -> --hidden -> 1 (default 256 -> [2048, 1408] -> 1,
-3.4M parameters: compute-bound) on `synthetic_tabular(--samples, --features, seed=0)`, batch size
---batch per worker, --epochs epochs, AdamW lr 0.01, float32, CPU.
+3.4M parameters) on `synthetic_tabular(--samples, --features, seed=0)`, batch size --batch per worker,
+--epochs epochs, AdamW lr 0.01, float32, CPU. At the default batch of 64 DDP is not compute-bound here:
+a step computes for ~28 ms and all-reduces 13.6 MB of gradients between processes that share the same
+2 cores, so PyTorch's own DDP (the plain DDP row) gets ~0.5-0.65 per core before any Ray is involved.
+
+Compute-bound configuration (--bound-batch 1024 --bound-samples 32768 --bound-epochs 3; --bound-batch 0
+skips it): the baseline, plain DDP, rayship and the hand-written TorchTrainer at the most workers again,
+with a batch per worker large enough that a step's compute (~0.2 s) dwarfs its all-reduce: where the
+per-core goal (>= 0.8) applies.
 
   TorchTrainer  hand-written, as Ray's docs write it: the same Ray Dataset; a train_loop_per_worker
             with prepare_model, the shard's iter_torch_batches (a collate_fn stacking the feature
@@ -21,6 +29,10 @@ Every side trains the same thing: an MLP --features -> --hidden -> 1 (default 25
   baseline  One process, torch.set_num_threads(1), no Ray. The same rows (materialized once from the same
             Ray Dataset with `to_pandas()`, before Ray is shut down) as one float32 tensor, sliced into
             batches in order: forward, MSE, backward, AdamW step, loss.item(). Every epoch is timed.
+  plain DDP Diagnostic, for every worker count > 1: PyTorch's own DistributedDataParallel without Ray
+            or Ray Data, as many processes (spawned, torch.set_num_threads(1)) on loopback gloo, each
+            on its contiguous share of the baseline's rows, the same batch size and steps. What DDP
+            itself gets per core here: the ceiling any Ray Train run is measured against.
   rayship   The product path unchanged: the sample TrainingJob (manifests/samples/trainingjob-ddp.yaml,
             gpusPerWorker 0) with workers.replicas = 1, then 2, through
             `rayship_workloads.train.train(tj, storage_root=<fresh dir>, callbacks=[ProgressCallback(metrics_path=...)])`
@@ -52,8 +64,10 @@ process Ray started (psutil over the process tree: GCS, raylet, controller, work
 steady window, divided by its wall time; it shows what the reserved-cores figure leaves out.
 
 Prints tables, then `RESULT train_rayship_over_raytrain_steady=`, `..._e2e=` (rayship / hand-written
-TorchTrainer at the most workers) and `RESULT train_ddp_over_plain_per_core=` (rayship's steady samples/s
-per reserved core / plain PyTorch's); never fails on a goal. Ray is stopped and the temporary directory
+TorchTrainer at the most workers), `RESULT train_ddp_over_plain_per_core=` (rayship's steady samples/s
+per reserved core / plain PyTorch's, default configuration) and
+`RESULT train_ddp_over_plain_per_core_compute_bound=` (the same in the compute-bound configuration);
+never fails on a goal. Ray is stopped and the temporary directory
 removed on exit.
 """
 
@@ -64,6 +78,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -74,7 +89,8 @@ from typing import Any
 
 from rayship_workloads.local import private_ray_environment
 
-_TMP = private_ray_environment("rb-")
+# Not in plain_ddp's ranks: multiprocessing's spawn imports this file in each of them as __mp_main__.
+_TMP = private_ray_environment("rb-") if __name__ == "__main__" else ""
 
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
@@ -223,6 +239,81 @@ def baseline(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace) -> Meas
         epoch_s=window / max(args.epochs - 1, 1),
         busy_cores=(cpu2 - cpu1) / window if args.epochs > 1 else (cpu2 - cpu0) / wall,
         loss=loss_mean,
+    )
+
+
+def _ddp_rank(
+    rank: int, world: int, port: int, x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace, out: Any
+) -> None:
+    """One rank of `plain_ddp` (a spawned process): its contiguous share of the rows, one torch thread."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(SEED)
+        model = DistributedDataParallel(
+            recipes.build_mlp(recipes.mlp_config(args.features, {"hidden": args.hidden}))
+        )
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+        share = x.shape[0] // world
+        xs, ys = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
+        dist.barrier()
+        start, ends, loss_mean = time.perf_counter(), [], 0.0
+        cpu = [time.process_time()]
+        for _ in range(args.epochs):
+            total, batches = 0.0, 0
+            for i in range(0, share, args.batch):
+                loss = F.mse_loss(model(xs[i : i + args.batch]), ys[i : i + args.batch])
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                total, batches = total + loss.item(), batches + 1
+            loss_mean = total / max(batches, 1)
+            ends.append(time.perf_counter())
+            cpu.append(time.process_time())
+        out.put((rank, start, ends, cpu[1], cpu[-1], loss_mean))
+    finally:
+        dist.destroy_process_group()
+
+
+def plain_ddp(x: torch.Tensor, y: torch.Tensor, workers: int, args: argparse.Namespace) -> Measurement:
+    """Diagnostic: PyTorch's own DDP without Ray or Ray Data: `workers` processes (spawned, one torch
+    thread each) on loopback gloo, each on its contiguous share of the same rows, the same batches and
+    steps as the baseline. It shows what DDP itself gets per core on this machine."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    context = mp.get_context("spawn")
+    out = context.Queue()
+    procs = [
+        context.Process(target=_ddp_rank, args=(rank, workers, port, x, y, args, out))
+        for rank in range(workers)
+    ]
+    for proc in procs:
+        proc.start()
+    reports = sorted(out.get(timeout=600) for _ in procs)
+    for proc in procs:
+        proc.join()
+        if proc.exitcode != 0:
+            raise RuntimeError(f"a plain DDP rank exited with {proc.exitcode}")
+    _, start, ends, cpu1, _, loss = reports[0]
+    window = ends[-1] - ends[0]
+    cpu = sum(r[4] - r[3] for r in reports)  # every rank's CPU in the epochs after the first
+    return Measurement(
+        name="plain PyTorch DDP, no Ray (diagnostic)",
+        workers=workers,
+        cores=workers,
+        steady=(args.epochs - 1) * args.samples / window,
+        end_to_end=args.epochs * args.samples / (ends[-1] - start),
+        wall_s=ends[-1] - start,
+        first_epoch_s=ends[0] - start,
+        epoch_s=window / max(args.epochs - 1, 1),
+        busy_cores=cpu / window,
+        loss=loss,
     )
 
 
@@ -484,6 +575,40 @@ def report(results: list[Measurement], args: argparse.Namespace, poll_s: float) 
         )
 
 
+def report_bound(rows: list[Measurement], bound: argparse.Namespace) -> None:
+    """The compute-bound configuration: baseline, plain DDP, rayship and TorchTrainer at the most workers."""
+    base = rows[0]
+    print(
+        f"\nCompute-bound configuration: batch/worker={bound.batch}  samples={bound.samples}  "
+        f"epochs={bound.epochs} (steady: epochs 2..{bound.epochs})"
+    )
+    print(
+        table(
+            [
+                "config",
+                "workers",
+                "samples/s (steady)",
+                "s/epoch",
+                "cores busy",
+                "ratio per core",
+                f"goal (>= {GOAL})",
+            ],
+            [
+                [
+                    m.name,
+                    str(m.workers),
+                    f"{m.steady:,.0f}",
+                    f"{m.epoch_s:.2f}",
+                    f"{m.busy_cores:.2f}",
+                    f"{m.steady / m.cores / base.steady:.2f}" + (" (ref)" if i == 0 else ""),
+                    "-" if i == 0 else ("yes" if m.steady / m.cores / base.steady >= GOAL else "no"),
+                ]
+                for i, m in enumerate(rows)
+            ],
+        )
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -499,14 +624,30 @@ def main(argv: list[str] | None = None) -> int:
         "--hidden", type=int, nargs="+", default=[2048, 1408], help="hidden layer sizes (default 2048 1408)"
     )
     parser.add_argument(
+        "--bound-batch", type=int, default=1024, help="batch per worker, compute-bound rows (0: skip them)"
+    )
+    parser.add_argument("--bound-samples", type=int, default=32768, help="rows, compute-bound rows")
+    parser.add_argument("--bound-epochs", type=int, default=3, help="epochs, compute-bound rows (>= 2)")
+    parser.add_argument(
         "--diagnostic-poll",
         type=float,
         default=0.0,
         help=f"rerun the Ray configurations with {POLL_ENV} set to this (seconds; default 0: skip)",
     )
     args = parser.parse_args(argv)
-    if args.epochs < 2:
-        parser.error("--epochs must be >= 2 (the steady figure leaves the first epoch out)")
+    if args.epochs < 2 or (args.bound_batch and args.bound_epochs < 2):
+        parser.error(
+            "--epochs and --bound-epochs must be >= 2 (the steady figure leaves the first epoch out)"
+        )
+    bound = argparse.Namespace(
+        **{
+            **vars(args),
+            "batch": args.bound_batch,
+            "samples": args.bound_samples,
+            "epochs": args.bound_epochs,
+        }
+    )
+    most = max(args.workers)
     began = time.perf_counter()
     poll_s = health_check_interval_s()
     sessions = [(None, PRODUCT)]
@@ -515,9 +656,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         start_ray()
         x, y = materialize(args.samples, args.features)
-        ray.shutdown()  # the baseline runs with no Ray processes around
+        if args.bound_batch:
+            bx, by = materialize(args.bound_samples, args.features)
+        ray.shutdown()  # the baselines run with no Ray processes around
         print(f"baseline: plain PyTorch, {args.epochs} epochs ...", flush=True)
         results = [baseline(x, y, args)]
+        for workers in (w for w in args.workers if w > 1):
+            print(f"plain PyTorch DDP (no Ray): {workers} processes ...", flush=True)
+            results.append(plain_ddp(x, y, workers, args))
+        bound_rows: list[Measurement] = []
+        if args.bound_batch:
+            print(f"compute-bound (batch {args.bound_batch}): plain PyTorch, plain DDP ...", flush=True)
+            bound_rows = [baseline(bx, by, bound), plain_ddp(bx, by, most, bound)]
+            del bx, by
         for poll, name in sessions:
             if poll is not None:
                 ray.shutdown()
@@ -529,9 +680,22 @@ def main(argv: list[str] | None = None) -> int:
                 if poll is None:
                     print(f"hand-written TorchTrainer: {workers} worker(s) ...", flush=True)
                     results.append(handwritten(workers, args))
+            if poll is None and args.bound_batch:
+                print(f"compute-bound (batch {args.bound_batch}): {name}, {most} workers ...", flush=True)
+                bound_rows.append(ray_train(most, bound, name))
+                print(f"compute-bound (batch {args.bound_batch}): hand-written TorchTrainer ...", flush=True)
+                bound_rows.append(handwritten(most, bound))
         report(results, args, poll_s)
+        if bound_rows:
+            report_bound(bound_rows, bound)
         print(f"\n(benchmark took {time.perf_counter() - began:.0f} s)")
         print("\n".join(results_lines(results, args)))
+        if bound_rows:
+            ours = next(m for m in bound_rows if m.name == PRODUCT)
+            print(
+                "RESULT train_ddp_over_plain_per_core_compute_bound="
+                f"{ours.steady / ours.cores / bound_rows[0].steady:.3f}"
+            )
     finally:
         ray.shutdown()
         shutil.rmtree(_TMP, ignore_errors=True)
