@@ -201,20 +201,19 @@ def materialize(samples: int, features: int) -> tuple[torch.Tensor, torch.Tensor
     return x, y
 
 
-def baseline(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace) -> Measurement:
-    """Plain PyTorch, one process, one thread: the same model, optimizer, batches and epochs."""
-    torch.set_num_threads(1)
-    torch.manual_seed(SEED)
-    model = recipes.build_mlp(recipes.mlp_config(args.features, {"hidden": args.hidden}))
+def timed_epochs(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace
+) -> tuple[float, list[float], list[float], float]:
+    """The plain loop (baseline and plain DDP): every epoch over (x, y) in order, batches of --batch:
+    forward, MSE, backward, AdamW step, loss.item(). Returns (start, each epoch's end, CPU seconds at
+    the start and after each epoch, the last epoch's mean loss)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    n = x.shape[0]
     ends: list[float] = []
-    loss_mean = 0.0
-    cpu0, start = time.process_time(), time.perf_counter()
-    cpu1 = cpu0
-    for epoch in range(args.epochs):
+    cpu = [time.process_time()]
+    start, loss_mean = time.perf_counter(), 0.0
+    for _ in range(args.epochs):
         total, batches = 0.0, 0
-        for i in range(0, n, args.batch):
+        for i in range(0, x.shape[0], args.batch):
             loss = F.mse_loss(model(x[i : i + args.batch]), y[i : i + args.batch])
             optimizer.zero_grad()
             loss.backward()
@@ -222,9 +221,17 @@ def baseline(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace) -> Meas
             total, batches = total + loss.item(), batches + 1
         loss_mean = total / max(batches, 1)
         ends.append(time.perf_counter())
-        if epoch == 0:
-            cpu1 = time.process_time()
-    cpu2 = time.process_time()
+        cpu.append(time.process_time())
+    return start, ends, cpu, loss_mean
+
+
+def baseline(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace) -> Measurement:
+    """Plain PyTorch, one process, one thread: the same model, optimizer, batches and epochs."""
+    torch.set_num_threads(1)
+    torch.manual_seed(SEED)
+    model = recipes.build_mlp(recipes.mlp_config(args.features, {"hidden": args.hidden}))
+    start, ends, cpu, loss_mean = timed_epochs(model, x, y, args)
+    n = x.shape[0]
     wall = ends[-1] - start
     window = ends[-1] - ends[0]
     steady = (args.epochs - 1) * n / window if args.epochs > 1 else n / wall
@@ -237,7 +244,7 @@ def baseline(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace) -> Meas
         wall_s=wall,
         first_epoch_s=ends[0] - start,
         epoch_s=window / max(args.epochs - 1, 1),
-        busy_cores=(cpu2 - cpu1) / window if args.epochs > 1 else (cpu2 - cpu0) / wall,
+        busy_cores=(cpu[-1] - cpu[1]) / window if args.epochs > 1 else (cpu[-1] - cpu[0]) / wall,
         loss=loss_mean,
     )
 
@@ -256,23 +263,11 @@ def _ddp_rank(
         model = DistributedDataParallel(
             recipes.build_mlp(recipes.mlp_config(args.features, {"hidden": args.hidden}))
         )
-        optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
         share = x.shape[0] // world
-        xs, ys = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
         dist.barrier()
-        start, ends, loss_mean = time.perf_counter(), [], 0.0
-        cpu = [time.process_time()]
-        for _ in range(args.epochs):
-            total, batches = 0.0, 0
-            for i in range(0, share, args.batch):
-                loss = F.mse_loss(model(xs[i : i + args.batch]), ys[i : i + args.batch])
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                total, batches = total + loss.item(), batches + 1
-            loss_mean = total / max(batches, 1)
-            ends.append(time.perf_counter())
-            cpu.append(time.process_time())
+        start, ends, cpu, loss_mean = timed_epochs(
+            model, x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share], args
+        )
         out.put((rank, start, ends, cpu[1], cpu[-1], loss_mean))
     finally:
         dist.destroy_process_group()
