@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 
 def test_liveness_fails_while_a_reconcile_is_wedged() -> None:
     import time
