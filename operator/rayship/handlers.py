@@ -517,10 +517,11 @@ def _watch_caught_up(kind: str, namespace: str | None, name: str, body: Mapping[
 
 
 # One reconcile of an object at a time, as a controller's work queue guarantees: otherwise a job's
-# create pass and its RayJob's first event, run at once, both write its status at the same
-# resourceVersion, and one loses (409: both objects read again, the status written again; 133 of
-# 1459 status writes in a 1000-job burst). The one that waited starts from the other's write
-# (`_with_own_write`). Locks by stripe: bounded memory; with 32 workers, two objects seldom share one.
+# create pass and its RayJob's first event, run at once, can both write its status at the same
+# resourceVersion, and one loses (409: both objects read again, the status written again). The one
+# that waited starts from the other's write (`_with_own_write`). Locks by stripe: bounded memory;
+# with 32 workers, two objects seldom share one. (Reconciles never nest, so a stripe is never
+# taken twice by one thread.)
 _OBJECT_LOCKS = tuple(threading.Lock() for _ in range(256))
 
 
