@@ -295,15 +295,16 @@ def plain_ddp(x: torch.Tensor, y: torch.Tensor, workers: int, args: argparse.Nam
         proc.join()
         if proc.exitcode != 0:
             raise RuntimeError(f"a plain DDP rank exited with {proc.exitcode}")
-    _, start, ends, cpu1, _, loss = reports[0]
+    _, start, ends, _, _, loss = reports[0]
     window = ends[-1] - ends[0]
     cpu = sum(r[4] - r[3] for r in reports)  # every rank's CPU in the epochs after the first
+    rows = x.shape[0] // workers * workers  # the rows the ranks' shares cover together
     return Measurement(
         name="plain PyTorch DDP, no Ray (diagnostic)",
         workers=workers,
         cores=workers,
-        steady=(args.epochs - 1) * args.samples / window,
-        end_to_end=args.epochs * args.samples / (ends[-1] - start),
+        steady=(args.epochs - 1) * rows / window,
+        end_to_end=args.epochs * rows / (ends[-1] - start),
         wall_s=ends[-1] - start,
         first_epoch_s=ends[0] - start,
         epoch_s=window / max(args.epochs - 1, 1),
