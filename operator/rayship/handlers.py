@@ -211,7 +211,7 @@ def reconciles_not_wedged(memo: kopf.Memo, **_: Any) -> int:
 # What kopf's watches last showed, kept in memory by kopf (trimmed: see `_kept`): the first pass of
 # a reconcile reads these instead of GETting the objects again.
 @kopf.index(*api.TRAININGJOBS)
-def trainingjobs_seen(
+async def trainingjobs_seen(
     *, namespace: str | None, name: str, body: kopf.Body, **_: Any
 ) -> dict[tuple[str | None, str], dict[str, Any]]:
     _watch_caught_up(TRAINING.kind, namespace, name, body)
@@ -219,7 +219,7 @@ def trainingjobs_seen(
 
 
 @kopf.index(*api.RAYJOBS, labels={names.LABEL_TRAININGJOB: kopf.PRESENT})
-def rayjobs_seen(
+async def rayjobs_seen(
     *, namespace: str | None, name: str, body: kopf.Body, **_: Any
 ) -> dict[tuple[str | None, str], dict[str, Any]]:
     return {(namespace, name): _kept(body, drop_spec=("rayClusterSpec",))}
@@ -397,9 +397,8 @@ def services_by_trainingjob(
     return {(namespace, trainingjob): name for trainingjob in served} or None
 
 
-@kopf.on.event(*api.TRAININGJOBS)
-@in_thread
-def trainingjob_for_services(
+@kopf.on.event(*api.TRAININGJOBS)  # type: ignore[arg-type]  # kopf's WatchingFn does not model index kwargs
+async def trainingjob_for_services(
     *,
     type: str | None,
     namespace: str | None,
@@ -411,7 +410,9 @@ def trainingjob_for_services(
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
-    """A TrainingJob changed (or went away): the ModelServices that serve it re-resolve their model."""
+    """A TrainingJob changed (or went away): the ModelServices that serve it re-resolve their model.
+    The bookkeeping runs in the event loop; only reconciles go to the thread pool (most TrainingJobs
+    are served by none)."""
     _watched.update(trainingjobs=trainingjobs_seen, rayjobs=rayjobs_seen)  # kopf's live views, for resync
     ns = _namespaced(namespace)
     if type == "DELETED":
@@ -422,9 +423,17 @@ def trainingjob_for_services(
             _forget(uid)
     else:
         _trainingjobs.add((ns, name))
-    for service in services_by_trainingjob.get((namespace, name), []):
+    services = list(services_by_trainingjob.get((namespace, name), []))
+    if services:
+        await _reconcile_services(namespace=ns, services=services, config=memo.config)
+
+
+@in_thread
+def _reconcile_services(*, namespace: str, services: list[str], config: OperatorConfig) -> None:
+    for service in services:
         retried(
-            f"ModelService {ns}/{service}", functools.partial(reconcile, SERVING, ns, service, memo.config)
+            f"ModelService {namespace}/{service}",
+            functools.partial(reconcile, SERVING, namespace, service, config),
         )
 
 
