@@ -214,7 +214,6 @@ def reconciles_not_wedged(memo: kopf.Memo, **_: Any) -> int:
 async def trainingjobs_seen(
     *, namespace: str | None, name: str, body: kopf.Body, **_: Any
 ) -> dict[tuple[str | None, str], dict[str, Any]]:
-    _watch_caught_up(TRAINING.kind, namespace, name, body)
     return {(namespace, name): _kept(body)}
 
 
@@ -492,11 +491,13 @@ class Seen:
 
 
 # A reconcile that works from the watches remembers its last status write, (kind, namespace, name) ->
-# (the resourceVersion it wrote over, the object the API server returned), until a reconcile or the
-# watch shows a newer version (`_with_own_write`, `_watch_caught_up`). Under load the watch lags
-# behind the operator's own writes: a reconcile right after one (e.g. of the RayJob KubeRay just
-# updated) would write at the older version, get a 409 and read both objects again (a 100-job
-# burst: 62 of 169 status writes).
+# (the resourceVersion it wrote over, the object the API server returned), until a reconcile sees a
+# newer version (`_with_own_write`; the resync reconciles every object, so an entry lasts at most
+# about two resync intervals). Under load the watch lags behind the operator's own writes: a
+# reconcile right after one (e.g. of the RayJob KubeRay just updated) would write at the older
+# version, get a 409 and read both objects again (a 100-job burst: 62 of 169 status writes). Not
+# forgotten when the watch shows the write: kopf stores an event in its index only after the index
+# handler returns, and a reconcile reading the index meanwhile still sees the older version.
 _written: dict[tuple[str, str, str], tuple[str, dict[str, Any]]] = {}
 
 
@@ -511,18 +512,6 @@ def _with_own_write(kind: str, namespace: str, name: str, seen: Seen) -> Seen:
         return replace(seen, obj=mine[1])
     _written.pop((kind, namespace, name), None)
     return seen
-
-
-def _watch_caught_up(kind: str, namespace: str | None, name: str, body: Mapping[str, Any]) -> None:
-    """A watch event of the resource: a remembered write someone else's has followed is forgotten.
-    One that shows our own write is kept: kopf stores this event in the index only after this
-    returns, and a reconcile reading the index meanwhile still sees the version we wrote over; the
-    next reconcile that sees a newer version forgets it (`_with_own_write`)."""
-    key = (kind, namespace or "", name)
-    mine = _written.get(key)
-    version = body.get("metadata", {}).get("resourceVersion")
-    if mine is not None and version not in (mine[0], mine[1]["metadata"].get("resourceVersion")):
-        _written.pop(key, None)
 
 
 # One reconcile of an object at a time, as a controller's work queue guarantees: otherwise a job's
