@@ -264,6 +264,17 @@ def rss_kb(pid: int) -> dict[str, int]:
     return fields
 
 
+def process_groups(operator_pid: int | None = None) -> dict[str, int]:
+    """Each running control-plane component's process group id, by name (the operator, when given,
+    as "rayship operator")."""
+    groups = {name: int(proc["pid"]) for name, proc in controlplane.status()["processes"].items()}
+    if operator_pid is None:
+        return groups
+    return {name: pgid for name, pgid in groups.items() if pgid != operator_pid} | {
+        "rayship operator": operator_pid
+    }
+
+
 def cpu_seconds(groups: dict[str, int]) -> dict[str, float]:
     """CPU seconds (user + system) used so far by every live process of each named process group
     (controlplane starts each component as its own group), and by this process ("benchmark")."""
@@ -330,7 +341,7 @@ def main() -> None:
         ns = make_namespace(client, "raw")
         warm = raw_rayjobs(ns, min(n, 50), "warm", suspend=True)  # connections, API server caches: not timed
         create_all(client, ns, api.RAYJOBS, warm, args.threads)
-        groups = {name: int(proc["pid"]) for name, proc in controlplane.status()["processes"].items()}
+        groups = process_groups()
         bodies = raw_rayjobs(ns, n, "raw", suspend=True)
         cpu_before = cpu_seconds(groups)
         sent, last = create_all(client, ns, api.RAYJOBS, bodies, args.threads)
@@ -420,9 +431,7 @@ def main() -> None:
             client, ns, api.TRAININGJOBS, done=lambda o: bool((o.get("status") or {}).get("phase"))
         )
         offset = audit_offset()
-        groups = {name: int(proc["pid"]) for name, proc in controlplane.status()["processes"].items()}
-        groups = {name: pgid for name, pgid in groups.items() if pgid != handle.pid}
-        groups["rayship operator"] = handle.pid
+        groups = process_groups(handle.pid)
         bodies = trainingjobs(ns, n, "j", suspend=True)
         cpu_before = cpu_seconds(groups)
         sent, last = create_all(client, ns, api.TRAININGJOBS, bodies, args.threads)
