@@ -74,6 +74,7 @@ removed on exit.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
 import os
@@ -91,6 +92,8 @@ from rayship_workloads.local import private_ray_environment
 
 # Not in plain_ddp's ranks: multiprocessing's spawn imports this file in each of them as __mp_main__.
 _TMP = private_ray_environment("rb-") if __name__ == "__main__" else ""
+if _TMP:  # removed however the run ends (an argument error included), after Ray's own exit hooks
+    atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
 
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
@@ -458,6 +461,11 @@ def health_check_interval_s() -> float:
     return float(os.environ.get(POLL_ENV, DEFAULT_HEALTH_CHECK_INTERVAL_S))
 
 
+def per_core(m: Measurement, base: Measurement) -> float:
+    """Steady samples/s per reserved core, over the baseline's (one core)."""
+    return m.steady / m.cores / base.steady
+
+
 def table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     line = " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
@@ -480,13 +488,13 @@ def results_lines(results: list[Measurement], args: argparse.Namespace) -> list[
     return [
         f"RESULT train_rayship_over_raytrain_steady={ours.steady / theirs.steady:.3f}",
         f"RESULT train_rayship_over_raytrain_e2e={ours.end_to_end / theirs.end_to_end:.3f}",
-        f"RESULT train_ddp_over_plain_per_core={ours.steady / ours.cores / base.steady:.3f}",
+        f"RESULT train_ddp_over_plain_per_core={per_core(ours, base):.3f}",
     ]
 
 
 def report(results: list[Measurement], args: argparse.Namespace, poll_s: float) -> None:
     base = results[0]
-    per_core = [m.steady / m.cores / base.steady for m in results]
+    ratios = [per_core(m, base) for m in results]
     print(
         f"\nsamples={args.samples}  epochs={args.epochs}  batch/worker={args.batch}  "
         f"MLP {args.features}->{args.hidden}->1 ({parameters(args):,} parameters)  AdamW lr={LR}  seed={SEED}  "
@@ -513,7 +521,7 @@ def report(results: list[Measurement], args: argparse.Namespace, poll_s: float) 
                     f"{r:.2f}" + (" (ref)" if i == 0 else ""),
                     "-" if i == 0 else ("yes" if r >= GOAL else "no"),
                 ]
-                for i, (m, r) in enumerate(zip(results, per_core, strict=True))
+                for i, (m, r) in enumerate(zip(results, ratios, strict=True))
             ],
         )
     )
@@ -596,10 +604,10 @@ def report_bound(rows: list[Measurement], bound: argparse.Namespace) -> None:
                     f"{m.steady:,.0f}",
                     f"{m.epoch_s:.2f}",
                     f"{m.busy_cores:.2f}",
-                    f"{m.steady / m.cores / base.steady:.2f}" + (" (ref)" if i == 0 else ""),
-                    "-" if i == 0 else ("yes" if m.steady / m.cores / base.steady >= GOAL else "no"),
+                    f"{r:.2f}" + (" (ref)" if i == 0 else ""),
+                    "-" if i == 0 else ("yes" if r >= GOAL else "no"),
                 ]
-                for i, m in enumerate(rows)
+                for i, (m, r) in enumerate((m, per_core(m, base)) for m in rows)
             ],
         )
     )
@@ -644,6 +652,11 @@ def main(argv: list[str] | None = None) -> int:
         }
     )
     most = max(args.workers)
+    if args.bound_batch < 0 or (args.bound_batch and args.bound_samples < args.bound_batch * most):
+        parser.error(
+            f"--bound-samples must give each of the {most} workers at least one --bound-batch "
+            "(and --bound-batch must be >= 0; 0 skips the compute-bound rows)"
+        )
     began = time.perf_counter()
     poll_s = health_check_interval_s()
     sessions = [(None, PRODUCT)]
@@ -688,13 +701,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(results_lines(results, args)))
         if bound_rows:
             ours = next(m for m in bound_rows if m.name == PRODUCT)
-            print(
-                "RESULT train_ddp_over_plain_per_core_compute_bound="
-                f"{ours.steady / ours.cores / bound_rows[0].steady:.3f}"
-            )
+            print(f"RESULT train_ddp_over_plain_per_core_compute_bound={per_core(ours, bound_rows[0]):.3f}")
     finally:
         ray.shutdown()
-        shutil.rmtree(_TMP, ignore_errors=True)
     return 0
 
 
