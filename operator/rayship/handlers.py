@@ -580,6 +580,8 @@ def _reconcile_once(
         todo = replace(todo, rejected=(refused.phase, refused.reason, refused.message))
     except k8s.Busy as busy:
         raise kopf.TemporaryError(str(busy), delay=5) from None
+    except k8s.Terminating:
+        return True  # the namespace is being deleted: nothing new can be made there, nor is needed
     if (probe := ctl.probe(todo, child, config)) is not None:
         todo = ctl.heard(todo, *k8s.proxy_get(namespace, probe))
     current = obj.get("status") or {}
@@ -588,6 +590,10 @@ def _reconcile_once(
     desired = ctl.status(obj, child, todo, pods, datetime.now(UTC))
     changes = owned_changes(current, desired)
     if not changes:
+        return True
+    if _child_going(child, todo) and k8s.namespace_terminating(namespace):
+        # Deleting a namespace deletes the children before their owners: the status would say a
+        # job or service failed (and its Events be refused) moments before it goes too.
         return True
     written_over = obj["metadata"]["resourceVersion"]
     try:
@@ -601,6 +607,13 @@ def _reconcile_once(
     for event in ctl.announce(current, desired):
         _post(owner, event)
     return True
+
+
+def _child_going(child: Mapping[str, Any] | None, todo: Plan) -> bool:
+    """The status to write reacts to the child being deleted or gone (not to one about to be made)."""
+    if child is None:
+        return todo.create is None
+    return bool(child["metadata"].get("deletionTimestamp"))
 
 
 def _carry_out(

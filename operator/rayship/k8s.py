@@ -48,6 +48,11 @@ class Busy(Exception):
     which is being garbage-collected, or the API server does not know a kind it was just given yet."""
 
 
+class Terminating(Exception):
+    """The namespace is being deleted (the API server refuses anything new in it, 403): whatever the
+    reconcile meant to make goes away with the namespace."""
+
+
 def configure(connections: int | None = None) -> None:
     """In a pod: the service account; elsewhere: the current kubeconfig context. `connections`: the
     most requests made at once (the client keeps 5 per CPU; one more is a new TLS connection each)."""
@@ -74,12 +79,13 @@ def _custom() -> kubernetes.client.CustomObjectsApi:
     return kubernetes.client.CustomObjectsApi(_client())
 
 
-def _classified(err: ApiException) -> Rejected | Busy | None:
+def _classified(err: ApiException) -> Rejected | Busy | Terminating | None:
     """What a refusal means for the reconcile: a 400/422 is `Rejected`, with the API server's own
     message (it names the field); a 403 because the API server cannot map the owner's kind yet (a CRD
     installed moments ago: the OwnerReferencesPermissionEnforcement admission checks ownerReferences
-    against discovery, which lags) is `Busy`, retried in seconds rather than after kopf's minute;
-    anything else is None (raised as it is)."""
+    against discovery, which lags) is `Busy`, retried in seconds rather than after kopf's minute; a
+    403 because the namespace is being deleted is `Terminating`; anything else is None (raised as it
+    is)."""
     try:
         message = json.loads(err.body or "{}").get("message") or str(err.reason)
     except ValueError:
@@ -88,7 +94,20 @@ def _classified(err: ApiException) -> Rejected | Busy | None:
         return Rejected("Invalid", "RejectedByAPIServer", message)
     if err.status == 403 and "cannot find RESTMapping" in message:
         return Busy(f"the API server does not know the owner's kind yet: {message}")
+    if err.status == 403 and "because it is being terminated" in message:
+        return Terminating(message)
     return None
+
+
+def namespace_terminating(namespace: str) -> bool:
+    """Whether the namespace is being deleted (or is gone): its objects, and their status, go with it."""
+    try:
+        found = kubernetes.client.CoreV1Api(_client()).read_namespace(namespace, _request_timeout=TIMEOUT)
+    except ApiException as err:
+        if err.status == 404:
+            return True
+        raise
+    return found.status is not None and found.status.phase == "Terminating"  # set with its deletionTimestamp
 
 
 def get(resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:

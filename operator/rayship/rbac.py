@@ -64,7 +64,11 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     },
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},  # why a Ray pod does not start
-    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},  # kopf, cluster-wide
+    {  # list, watch: kopf, cluster-wide; get: whether a namespace whose objects go is being deleted
+        "apiGroups": [""],
+        "resources": ["namespaces"],
+        "verbs": ["get", "list", "watch"],
+    },
     {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
 ]
 

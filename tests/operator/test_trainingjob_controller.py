@@ -13,7 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rayship import api, names
 from rayship.trainingjob import phase_of
-from tests.operator.kube import Kube, sample, wait_for
+from tests.operator.kube import Kube, audit_offset, operator_requests_since, sample, wait_for
 
 pytestmark = pytest.mark.operator
 
@@ -173,6 +173,85 @@ def test_a_launched_rayjob_that_disappears_is_lost_not_restarted(kube: Kube, ope
     assert "does not start it again" in cond["message"]
     time.sleep(3)  # the operator reacted to the deletion; it must not create another
     assert kube.get(RJ, "gone") is None and kube.status(TJ, "gone")["phase"] == "Failed"
+
+
+def test_a_deleted_namespace_takes_its_jobs_with_it_without_failing_them_first(kube: Kube, operator) -> None:
+    """The namespace controller deletes a namespace's kinds in no set order. When the RayJobs go
+    first, the operator must not write, in between, that their TrainingJobs are suspending or lost
+    (Failed), nor post Events there (the API server refuses anything new in a namespace being
+    deleted). A ValidatingAdmissionPolicy holds the TrainingJobs back until the RayJobs are gone."""
+    kube.pvc()
+    jobs = [f"in-ns-{i}" for i in range(3)]
+    for name in jobs:
+        kube.create(TJ, sample(name, suspend=True))
+    for name in jobs:  # launched (rayJobUID) and settled: no status write of theirs is still to come
+        wait_for(
+            lambda n=name: (
+                kube.status(TJ, n).get("rayJobUID")
+                and kube.condition(TJ, n, "Suspended").get("reason") == "Suspended"
+            ),
+            60,
+            what=f"{name} launched and suspended",
+        )
+    admission = kubernetes.client.AdmissionregistrationV1Api(kube.client)
+    policy = f"hold-trainingjobs-{kube.namespace}"
+    admission.create_validating_admission_policy(
+        {
+            "metadata": {"name": policy},
+            "spec": {
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": [api.GROUP],
+                            "apiVersions": ["*"],
+                            "operations": ["DELETE"],
+                            "resources": ["trainingjobs"],
+                        }
+                    ]
+                },
+                "validations": [{"expression": "false", "message": "held back by the test"}],
+            },
+        }
+    )
+    admission.create_validating_admission_policy_binding(
+        {
+            "metadata": {"name": policy},
+            "spec": {
+                "policyName": policy,
+                "validationActions": ["Deny"],
+                "matchResources": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": kube.namespace}}
+                },
+            },
+        }
+    )
+    try:
+
+        def held() -> bool:
+            try:
+                kube.custom.delete_namespaced_custom_object(
+                    *TJ[:2], kube.namespace, TJ[2], jobs[0], dry_run="All"
+                )
+            except ApiException as err:
+                return err.status in (403, 422) and "held back" in str(err.body)
+            return False
+
+        wait_for(held, 30, what="the policy in force")
+        offset = audit_offset()
+        kube.core.delete_namespace(kube.namespace)
+        wait_for(lambda: not kube.list(RJ), 90, what="the RayJobs deleted (their TrainingJobs held)")
+        time.sleep(3)  # the operator's reactions to the RayJobs' deletion
+        assert all(kube.get(TJ, name) is not None for name in jobs)
+        writes = [
+            f"{e['verb']} {e['objectRef'].get('resource')}/{e['objectRef'].get('subresource') or ''}"
+            for e in operator_requests_since(offset)
+            if (e.get("objectRef") or {}).get("namespace") == kube.namespace
+            and e["verb"] in ("create", "update", "patch", "delete")
+        ]
+        assert not writes, f"the operator wrote in a namespace being deleted: {writes}"
+    finally:
+        admission.delete_validating_admission_policy_binding(policy)
+        admission.delete_validating_admission_policy(policy)
 
 
 def test_someone_elses_serviceaccount_is_never_borrowed(kube: Kube, operator) -> None:

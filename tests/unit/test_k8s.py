@@ -35,6 +35,14 @@ def test_an_owner_kind_the_api_server_cannot_map_yet_is_retried_soon() -> None:
     assert isinstance(busy, k8s.Busy) and "does not know the owner's kind yet" in str(busy)
 
 
+def test_anything_new_in_a_namespace_being_deleted_is_not_needed() -> None:
+    message = (
+        'rayjobs.ray.io "j" is forbidden: unable to create new content in namespace team-a because it is '
+        "being terminated"
+    )
+    assert isinstance(k8s._classified(refusal(403, message)), k8s.Terminating)
+
+
 def test_other_refusals_are_raised_as_they_are() -> None:
     assert k8s._classified(refusal(403, 'trainingjobs "x" is forbidden: User "y" cannot patch')) is None
     assert k8s._classified(refusal(409, "already exists")) is None
