@@ -246,10 +246,19 @@ def trainingjob_changed(
     reconcile_trainingjob(_namespaced(namespace), name, memo.config, Seen(_kept(body), rayjob))
 
 
+# Namespaces being deleted, kept by kopf from a watch of namespaces: a reconcile there writes nothing.
+# Deleting a namespace deletes its objects, children first as often as not; meanwhile the status of a
+# job would say it is suspending or lost, and the API server refuses its Events (kopf retries each).
+@kopf.index("v1", "namespaces")
+async def namespaces_terminating(*, name: str, status: Mapping[str, Any], **_: Any) -> dict[str, bool] | None:
+    return {name: True} if status.get("phase") == "Terminating" else None
+
+
 # Every TrainingJob seen and not seen deleted: (namespace, name). The resync thread reconciles each,
 # from what kopf's watches hold (`_watched`: its indexes, set by the first TrainingJob event).
 _trainingjobs: set[tuple[str, str]] = set()
 _watched: dict[str, kopf.Index[tuple[str | None, str], dict[str, Any]]] = {}
+_terminating: dict[str, kopf.Index[str, bool]] = {}  # "namespaces": kopf's live index, set by the first event
 # When each TrainingJob's last reconcile succeeded, (namespace, name) -> monotonic seconds: the
 # resync reconciles only those no event reconciled within the interval.
 _reconciled: dict[tuple[str, str], float] = {}
@@ -406,6 +415,7 @@ async def trainingjob_for_services(
     services_by_trainingjob: kopf.Index[tuple[str | None, str], str],
     trainingjobs_seen: kopf.Index[tuple[str | None, str], dict[str, Any]],
     rayjobs_seen: kopf.Index[tuple[str | None, str], dict[str, Any]],
+    namespaces_terminating: kopf.Index[str, bool],
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
@@ -413,6 +423,7 @@ async def trainingjob_for_services(
     The bookkeeping runs in the event loop; only reconciles go to the thread pool (most TrainingJobs
     are served by none)."""
     _watched.update(trainingjobs=trainingjobs_seen, rayjobs=rayjobs_seen)  # kopf's live views, for resync
+    _terminating.update(namespaces=namespaces_terminating)
     ns = _namespaced(namespace)
     if type == "DELETED":
         _trainingjobs.discard((ns, name))
@@ -461,8 +472,11 @@ def _one(index: kopf.Index[Any, dict[str, Any]], key: Any) -> dict[str, Any] | N
     return next(iter(index.get(key, [])), None)
 
 
-@kopf.on.event(*api.MODELSERVICES)
-def modelservice_gone(*, type: str | None, uid: str | None, **_: Any) -> None:
+@kopf.on.event(*api.MODELSERVICES)  # type: ignore[arg-type]  # kopf's WatchingFn does not model index kwargs
+async def modelservice_gone(
+    *, type: str | None, uid: str | None, namespaces_terminating: kopf.Index[str, bool], **_: Any
+) -> None:
+    _terminating.update(namespaces=namespaces_terminating)
     if type == "DELETED" and uid:
         _forget(uid)
 
@@ -559,7 +573,10 @@ def _reconcile_once(
     watched: bool = False,
 ) -> bool:
     """One read-plan-act-write pass; False when the status write lost a race (read again).
-    `watched`: the reconcile works from the watches, so its status write is remembered (`_written`)."""
+    `watched`: the reconcile works from the watches, so its status write is remembered (`_written`).
+    Nothing at all in a namespace being deleted."""
+    if namespace in _terminating.get("namespaces", {}):
+        return True
     if seen is not None:
         seen = _with_own_write(ctl.kind, namespace, name, seen)
     obj = seen.obj if seen else k8s.get(ctl.resource, namespace, name)
@@ -592,8 +609,8 @@ def _reconcile_once(
     if not changes:
         return True
     if _child_going(child, todo) and k8s.namespace_terminating(namespace):
-        # Deleting a namespace deletes the children before their owners: the status would say a
-        # job or service failed (and its Events be refused) moments before it goes too.
+        # The namespace watch has not told yet (or no event has handed its index over): asked, as
+        # the status would say that a job or service failed moments before it goes too.
         return True
     written_over = obj["metadata"]["resourceVersion"]
     try:

@@ -175,11 +175,12 @@ def test_a_launched_rayjob_that_disappears_is_lost_not_restarted(kube: Kube, ope
     assert kube.get(RJ, "gone") is None and kube.status(TJ, "gone")["phase"] == "Failed"
 
 
-def test_a_deleted_namespace_takes_its_jobs_with_it_without_failing_them_first(kube: Kube, operator) -> None:
-    """The namespace controller deletes a namespace's kinds in no set order. When the RayJobs go
-    first, the operator must not write, in between, that their TrainingJobs are suspending or lost
-    (Failed), nor post Events there (the API server refuses anything new in a namespace being
-    deleted). A ValidatingAdmissionPolicy holds the TrainingJobs back until the RayJobs are gone."""
+def test_a_namespace_being_deleted_gets_no_writes_from_the_operator(kube: Kube, operator) -> None:
+    """The namespace controller deletes a namespace's kinds in no set order, and a job may change
+    meanwhile. The operator must write nothing there: not that its jobs are suspending or lost
+    (Failed) when their RayJobs go first, nor act on a change; nor post Events, which the API server
+    refuses in a namespace being deleted. A ValidatingAdmissionPolicy holds the TrainingJobs back
+    until the end, and the RayJobs until a job has changed."""
     kube.pvc()
     jobs = [f"in-ns-{i}" for i in range(3)]
     for name in jobs:
@@ -194,23 +195,20 @@ def test_a_deleted_namespace_takes_its_jobs_with_it_without_failing_them_first(k
             what=f"{name} launched and suspended",
         )
     admission = kubernetes.client.AdmissionregistrationV1Api(kube.client)
-    policy = f"hold-trainingjobs-{kube.namespace}"
+    policy = f"hold-{kube.namespace}"
+
+    def hold(*plurals: str) -> dict:
+        rules = [
+            {"apiGroups": [g], "apiVersions": ["*"], "operations": ["DELETE"], "resources": [p]}
+            for g, p in plurals
+        ]
+        return {"matchConstraints": {"resourceRules": rules}}
+
     admission.create_validating_admission_policy(
         {
             "metadata": {"name": policy},
-            "spec": {
-                "matchConstraints": {
-                    "resourceRules": [
-                        {
-                            "apiGroups": [api.GROUP],
-                            "apiVersions": ["*"],
-                            "operations": ["DELETE"],
-                            "resources": ["trainingjobs"],
-                        }
-                    ]
-                },
-                "validations": [{"expression": "false", "message": "held back by the test"}],
-            },
+            "spec": hold(TJ[::2], RJ[::2])
+            | {"validations": [{"expression": "false", "message": "held back by the test"}]},
         }
     )
     admission.create_validating_admission_policy_binding(
@@ -225,22 +223,26 @@ def test_a_deleted_namespace_takes_its_jobs_with_it_without_failing_them_first(k
             },
         }
     )
+
+    def held(resource: api.Resource, name: str) -> bool:
+        try:
+            kube.custom.delete_namespaced_custom_object(
+                *resource[:2], kube.namespace, resource[2], name, dry_run="All"
+            )
+        except ApiException as err:
+            return err.status in (403, 422) and "held back" in str(err.body)
+        return False
+
     try:
-
-        def held() -> bool:
-            try:
-                kube.custom.delete_namespaced_custom_object(
-                    *TJ[:2], kube.namespace, TJ[2], jobs[0], dry_run="All"
-                )
-            except ApiException as err:
-                return err.status in (403, 422) and "held back" in str(err.body)
-            return False
-
-        wait_for(held, 30, what="the policy in force")
+        wait_for(lambda: held(TJ, jobs[0]) and held(RJ, jobs[0]), 30, what="the policy in force")
         offset = audit_offset()
         kube.core.delete_namespace(kube.namespace)
-        wait_for(lambda: not kube.list(RJ), 90, what="the RayJobs deleted (their TrainingJobs held)")
-        time.sleep(3)  # the operator's reactions to the RayJobs' deletion
+        time.sleep(3)  # the namespace's deletion seen by the operator's watch
+        kube.patch(TJ, jobs[0], {"spec": {"suspend": False}})  # a change it would otherwise act on
+        time.sleep(3)
+        admission.patch_validating_admission_policy(policy, {"spec": hold(TJ[::2])})  # the RayJobs go
+        wait_for(lambda: not kube.list(RJ), 120, interval=1, what="the RayJobs deleted (their jobs held)")
+        time.sleep(3)  # the operator's reactions to their deletion
         assert all(kube.get(TJ, name) is not None for name in jobs)
         writes = [
             f"{e['verb']} {e['objectRef'].get('resource')}/{e['objectRef'].get('subresource') or ''}"
