@@ -1052,6 +1052,7 @@ def start_operator(
     extra_args: list[str] | None = None,
     paths: Paths | None = None,
     wait: bool = True,
+    ready_timeout: float = 60,
 ) -> OperatorHandle:
     """Run the real rayship operator on the host, exactly as the chart's Deployment would run it.
 
@@ -1059,7 +1060,7 @@ def start_operator(
     authenticates as the Deployment's ServiceAccount (a TokenRequest token), so the chart's RBAC
     authorises every request. The liveness and metrics ports move to free loopback ports. If one
     is already running, returns its handle (stop it first to change its args or env). Returns once
-    its liveness endpoint answers, or (wait=False) as soon as it is spawned.
+    its liveness endpoint answers (within `ready_timeout` s), or (wait=False) as soon as it is spawned.
     """
     paths = paths or Paths()
     with _locked(paths):
@@ -1104,7 +1105,7 @@ def start_operator(
         assert handle is not None
     if not wait:
         return handle
-    _wait("rayship operator liveness", lambda: _http_ok(liveness), 60, proc)
+    _wait("rayship operator liveness", lambda: _http_ok(liveness), ready_timeout, proc)
     log(f"rayship operator pid {proc.pid} ({' '.join(args)}), log {proc.log}")
     return handle
 
