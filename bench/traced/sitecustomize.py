@@ -3,8 +3,8 @@ instrumentation, not part of rayship; `bench/operator_memory.py` uses it on the 
 
 With RAYSHIP_BENCH_TRACE_FRAMES set, tracemalloc traces every allocation from interpreter start
 (imports included) with that many frames; each SIGUSR1 then writes, to RAYSHIP_BENCH_TRACE_OUT (JSON,
-replaced atomically), the traced size now, its peak since the last report, and every live allocation
-site (grouped by traceback, largest first). Cyclic garbage is collected first: only live memory counts.
+replaced atomically), the traced size now, its peak since the last report (the reports' own
+allocations excluded), and every live allocation site (grouped by traceback, largest first). Cyclic garbage is collected first: only live memory counts.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from typing import Any
 
 def _report(*_: Any) -> None:
     gc.collect()
-    snapshot = tracemalloc.take_snapshot()
     now, peak = tracemalloc.get_traced_memory()
-    tracemalloc.reset_peak()
+    snapshot = tracemalloc.take_snapshot()
     sites = [
         {
             "bytes": stat.size,
@@ -33,6 +32,9 @@ def _report(*_: Any) -> None:
     out = os.environ["RAYSHIP_BENCH_TRACE_OUT"]
     with open(out + ".tmp", "w") as f:
         json.dump({"traced": now, "peak": peak, "sites": sites}, f)
+    del snapshot, sites
+    gc.collect()
+    tracemalloc.reset_peak()  # after the report's own allocations: the next peak is the process's
     os.replace(out + ".tmp", out)
 
 
