@@ -36,7 +36,6 @@ from typing import Any
 from operator_scale import (
     ROOT,
     Seen,
-    audit_offset,
     client_for,
     controlplane,
     create_all,
@@ -44,6 +43,7 @@ from operator_scale import (
     make_namespace,
     rss_kb,
     trainingjobs,
+    wait_quiet,
 )
 
 from rayship import api
@@ -102,19 +102,6 @@ class Traced:
         report: dict[str, Any] = json.loads(self.out.read_text())
         report["rss"] = rss_kb(self.pid)["VmRSS"] * 1024
         return report
-
-
-def wait_quiet(log: Path, seconds: float, timeout: float) -> float:
-    """Until neither the operator's log nor the audit log (its API calls) grew for `seconds`: the
-    seconds waited."""
-    start = time.monotonic()
-    sizes, quiet = None, start
-    while time.monotonic() - quiet < seconds and time.monotonic() - start < timeout:
-        time.sleep(1)
-        now = (log.stat().st_size, audit_offset())
-        if now != sizes:
-            sizes, quiet = now, time.monotonic()
-    return time.monotonic() - start
 
 
 def mb(n: float) -> str:

@@ -38,7 +38,8 @@ waited for) before the next phase; the last one (N TrainingJobs) is not waited f
                   and of this process, from the first create to all-done, per job: where the 2
                   cores went (the raw RayJobs phase prints the same table for its creates).
                   RSS: VmRSS (and VmHWM, the peak) of the operator process (/proc/<pid>/status) then;
-                  also of a restarted operator holding the same N, once its API calls stop for 10 s.
+                  also of a restarted operator holding the same N, once neither its log nor its API
+                  calls have grown for 10 s.
   KubeRay alone   --kuberay-jobs raw RayJobs, not suspended: time until KubeRay has made every
                   RayCluster; then as many TrainingJobs, not suspended: time until every RayCluster
                   exists; rayship's added time = the difference. A small N: 1000 RayClusters (3000
@@ -54,7 +55,6 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
-import json
 import os
 import statistics
 import sys
@@ -228,25 +228,17 @@ def create_per_job(client: kubernetes.client.ApiClient, namespace: str, jobs: li
         return given, list(pool.map(create, jobs))
 
 
-def audit_offset() -> int:
-    path = controlplane.audit_log()
-    return path.stat().st_size if path.exists() else 0
-
-
-def audit_since(offset: int) -> list[dict[str, Any]]:
-    """The operator's requests logged since `offset`, one per auditID."""
-    path = controlplane.audit_log()
-    if not path.exists():
-        return []
-    with path.open("rb") as f:
-        f.seek(offset)
-        lines = f.read().decode(errors="replace").splitlines()
-    seen: dict[str, dict[str, Any]] = {}
-    for line in lines:
-        if line.strip():
-            event = json.loads(line)
-            seen.setdefault(event["auditID"], event)
-    return list(seen.values())
+def wait_quiet(log: Path, seconds: float, timeout: float) -> float:
+    """Until neither the operator's log nor the audit log (its API calls) grew for `seconds`: the
+    seconds waited."""
+    start = time.monotonic()
+    sizes, quiet = None, start
+    while time.monotonic() - quiet < seconds and time.monotonic() - start < timeout:
+        time.sleep(1)
+        now = (log.stat().st_size, controlplane.audit_offset())
+        if now != sizes:
+            sizes, quiet = now, time.monotonic()
+    return time.monotonic() - start
 
 
 def call_kind(event: dict[str, Any]) -> str:
@@ -430,7 +422,7 @@ def main() -> None:
         statuses = Seen(
             client, ns, api.TRAININGJOBS, done=lambda o: bool((o.get("status") or {}).get("phase"))
         )
-        offset = audit_offset()
+        offset = controlplane.audit_offset()
         groups = process_groups(handle.pid)
         bodies = trainingjobs(ns, n, "j", suspend=True)
         cpu_before = cpu_seconds(groups)
@@ -443,7 +435,11 @@ def main() -> None:
         cpu_after, cpu_wall = cpu_seconds(groups), time.monotonic() - first
         memory = rss_kb(handle.pid)
         time.sleep(5)
-        calls = [e for e in audit_since(offset) if (e.get("objectRef") or {}).get("namespace") in (ns, None)]
+        calls = [
+            e
+            for e in controlplane.audit_since(offset)
+            if (e.get("objectRef") or {}).get("namespace") in (ns, None)
+        ]
         rayjobs.stop()
         statuses.stop()
         phases = collections.Counter()
@@ -484,11 +480,7 @@ def main() -> None:
         # The same N objects held by an operator that did not live through the burst of events:
         # restarted, it lists them all, reconciles each once (nothing to create), then idles.
         handle = controlplane.start_operator(operator_env)
-        offset, quiet, deadline = audit_offset(), time.monotonic(), time.monotonic() + args.timeout
-        while time.monotonic() - quiet < 10 and time.monotonic() < deadline:  # until 10 s without a call
-            time.sleep(1)
-            if (size := audit_offset()) != offset:
-                offset, quiet = size, time.monotonic()
+        wait_quiet(handle.log_path, 10, args.timeout)
         print(
             f"  after a restart with the {n} TrainingJobs: operator RSS {rss_kb(handle.pid)['VmRSS'] / 1024:.0f} MB"
         )

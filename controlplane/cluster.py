@@ -652,6 +652,27 @@ def audit_log(paths: Paths | None = None) -> Path:
     return (paths or Paths()).logs / "audit.log"
 
 
+def audit_offset(paths: Paths | None = None) -> int:
+    """Where the audit log ends now (0 if there is none yet)."""
+    path = audit_log(paths)
+    return path.stat().st_size if path.exists() else 0
+
+
+def audit_since(offset: int, paths: Paths | None = None) -> list[dict[str, Any]]:
+    """The operator's requests the audit log recorded after `offset`, one per request (auditID)."""
+    path = audit_log(paths)
+    if not path.exists():
+        return []
+    with path.open("rb") as f:
+        f.seek(offset)
+        lines = f.read().decode(errors="replace").splitlines()
+    requests: dict[str, dict[str, Any]] = {}
+    for line in filter(str.strip, lines):
+        event = json.loads(line)
+        requests.setdefault(event["auditID"], event)
+    return list(requests.values())
+
+
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -30,28 +29,6 @@ def wait_for(check: Callable[[], T], timeout: float = 60, interval: float = 0.5,
         time.sleep(interval)
         value = check()
     return value
-
-
-def audit_offset() -> int:
-    """Where the API server's audit log (the operator's requests, controlplane/cluster.py) ends now."""
-    from controlplane import cluster as controlplane
-
-    path = controlplane.audit_log()
-    return path.stat().st_size if path.exists() else 0
-
-
-def operator_requests_since(offset: int) -> list[dict[str, Any]]:
-    """The operator's requests the audit log recorded after `offset`, one per request (auditID)."""
-    from controlplane import cluster as controlplane
-
-    with controlplane.audit_log().open("rb") as f:
-        f.seek(offset)
-        lines = f.read().decode(errors="replace").splitlines()
-    requests: dict[str, dict[str, Any]] = {}
-    for line in filter(str.strip, lines):
-        event = json.loads(line)
-        requests.setdefault(event["auditID"], event)
-    return list(requests.values())
 
 
 class Kube:

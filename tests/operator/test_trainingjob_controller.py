@@ -11,9 +11,10 @@ import kubernetes
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from controlplane import cluster as controlplane
 from rayship import api, names
 from rayship.trainingjob import phase_of
-from tests.operator.kube import Kube, audit_offset, operator_requests_since, sample, wait_for
+from tests.operator.kube import Kube, sample, wait_for
 
 pytestmark = pytest.mark.operator
 
@@ -235,7 +236,7 @@ def test_a_namespace_being_deleted_gets_no_writes_from_the_operator(kube: Kube, 
 
     try:
         wait_for(lambda: held(TJ, jobs[0]) and held(RJ, jobs[0]), 30, what="the policy in force")
-        offset = audit_offset()
+        offset = controlplane.audit_offset()
         kube.core.delete_namespace(kube.namespace)
         time.sleep(3)  # the namespace's deletion seen by the operator's watch
         kube.patch(TJ, jobs[0], {"spec": {"suspend": False}})  # a change it would otherwise act on
@@ -246,7 +247,7 @@ def test_a_namespace_being_deleted_gets_no_writes_from_the_operator(kube: Kube, 
         assert all(kube.get(TJ, name) is not None for name in jobs)
         writes = [
             f"{e['verb']} {e['objectRef'].get('resource')}/{e['objectRef'].get('subresource') or ''}"
-            for e in operator_requests_since(offset)
+            for e in controlplane.audit_since(offset)
             if (e.get("objectRef") or {}).get("namespace") == kube.namespace
             and e["verb"] in ("create", "update", "patch", "delete")
         ]
