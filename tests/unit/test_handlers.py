@@ -111,20 +111,20 @@ def test_a_reconcile_starts_from_its_own_status_write_until_a_reconcile_sees_a_n
     key = ("TrainingJob", "ns", "tj")
     old = {"metadata": {"name": "tj", "resourceVersion": "10"}, "status": {}}
     written = {"metadata": {"name": "tj", "resourceVersion": "11"}, "status": {"phase": "Pending"}}
-    handlers._written[key] = ("10", written)
+    handlers._written[key] = ("10", handlers._kept(written))
     try:
         seen = handlers.Seen(old, None)
-        assert handlers._with_own_write(*key, seen).obj is written
+        assert handlers._with_own_write(*key, seen).obj == written
         # Another reconcile still reading 10 from the index (kopf stores the watch's 11 there only
         # after its index handler returns) also starts from our write: it is still remembered.
-        assert handlers._with_own_write(*key, seen).obj is written
+        assert handlers._with_own_write(*key, seen).obj == written
         # A reconcile that sees 11 works from the watch, and the write is forgotten.
         assert handlers._with_own_write(*key, handlers.Seen(written, None)).obj is written
         assert key not in handlers._written
         assert handlers._with_own_write(*key, seen).obj is old
         # A reconcile from a watch already past the write (its event came before it was remembered):
         # works from the watch, and the write is forgotten.
-        handlers._written[key] = ("10", written)
+        handlers._written[key] = ("10", handlers._kept(written))
         newer = {"metadata": {"name": "tj", "resourceVersion": "12"}}
         assert handlers._with_own_write(*key, handlers.Seen(newer, None)).obj is newer
         assert key not in handlers._written
@@ -178,3 +178,38 @@ def test_reconciles_of_one_object_never_overlap_those_of_two_objects_do(
         is not handlers.object_lock("TrainingJob", "ns", "pair")
     )
     assert run_at_once(["pair", other]) == 2
+
+
+def test_a_kept_object_is_trimmed_packed_and_read_back_as_a_fresh_copy() -> None:
+    """What the indexes and the own-write memory hold for every object: no managedFields, no kopf
+    diffbase annotation, none of `drop_spec`; one bytes object; each read is the caller's own copy."""
+    import kopf
+
+    from rayship import handlers, names
+
+    raw = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {
+            "name": "tj",
+            "resourceVersion": "7",
+            "managedFields": [{"manager": "kopf"}],
+            "annotations": {names.KOPF_DIFFBASE_ANNOTATION: "{}", "team": "ml"},
+        },
+        "spec": {"rayClusterSpec": {"headGroupSpec": {}}, "suspend": True},
+        "status": {"jobDeploymentStatus": "Suspended"},
+    }
+    kept = handlers._kept(kopf.Body(raw), drop_spec=("rayClusterSpec",))
+    assert isinstance(kept, bytes)
+    expected = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": "tj", "resourceVersion": "7", "annotations": {"team": "ml"}},
+        "spec": {"suspend": True},
+        "status": {"jobDeploymentStatus": "Suspended"},
+    }
+    first = handlers._unpacked(kept)
+    assert first == expected
+    first["status"]["jobDeploymentStatus"] = "Running"  # a reconcile's own copy
+    assert handlers._unpacked(kept) == expected
+    assert raw["metadata"]["managedFields"] and raw["spec"]["rayClusterSpec"] == {"headGroupSpec": {}}
