@@ -80,16 +80,21 @@ TIERS_WITHOUT_RAY := tests/unit tests/chart tests/controlplane tests/operator
 TIERS_WITH_RAY := tests/workloads
 TIERS_AFTER := tests/e2e
 
+# Each tier's output is also kept in .venv/tier-*.log; the last lines repeat every tier's failures
+# (pytest's FAILED/ERROR lines), so that the end of a long CI log says which test failed.
 test: setup ## the whole suite (every tier; what CI runs)
-	@log=$(VENV)/tiers-without-ray.log; \
+	@log=$(VENV)/tier-without-ray.log; \
 	echo "--- $(TIERS_WITHOUT_RAY) (beside the Ray tier; its output follows it)"; \
 	$(PYTEST) -q --durations=10 $(TIERS_WITHOUT_RAY) > $$log 2>&1 & beside=$$!; \
 	trap 'kill $$beside 2>/dev/null' EXIT; \
-	echo "--- $(TIERS_WITH_RAY)"; $(PYTEST) -q --durations=25 $(TIERS_WITH_RAY); ray=$$?; \
+	echo "--- $(TIERS_WITH_RAY)"; \
+	$(PYTEST) -q --durations=25 $(TIERS_WITH_RAY) 2>&1 | tee $(VENV)/tier-with-ray.log; ray=$${PIPESTATUS[0]}; \
 	wait $$beside; without=$$?; trap - EXIT; \
 	echo "--- $(TIERS_WITHOUT_RAY)"; cat $$log; \
-	echo "--- $(TIERS_AFTER)"; $(PYTEST) -q --durations=10 $(TIERS_AFTER); after=$$?; \
+	echo "--- $(TIERS_AFTER)"; \
+	$(PYTEST) -q --durations=10 $(TIERS_AFTER) 2>&1 | tee $(VENV)/tier-after.log; after=$${PIPESTATUS[0]}; \
 	echo "--- exit codes: $(TIERS_WITH_RAY) $$ray, the tiers without Ray $$without, $(TIERS_AFTER) $$after"; \
+	grep -hE '^(FAILED|ERROR) ' $(VENV)/tier-with-ray.log $$log $(VENV)/tier-after.log; \
 	exit $$(( ray || without || after ))
 
 test-unit: setup ## renderer, CRD, CLI, status: no cluster, no Ray
