@@ -110,9 +110,10 @@ def test_ddp_two_workers_learns_and_keeps_checkpoints(ray_session, tmp_path: Pat
     controllers, ctrl_c = ray_actors("TrainController", state="ALIVE"), signal.getsignal(signal.SIGINT)
     result = job.run(tj, storage_root=str(tmp_path / "store"), reporter=reporter)
     # The finished run leaves nothing running: Ctrl-C is this process's own again (Ray Train's handler
-    # held the run's controller actor, ~680 MB, alive until the next run), and the controller exits.
+    # held the run's controller actor, ~680 MB, alive until the next run), and the controller exits
+    # (held, it never would: the bound only has to outlast a slow exit on a loaded machine).
     assert signal.getsignal(signal.SIGINT) is ctrl_c
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 60
     while (
         left := ray_actors("TrainController", state="ALIVE") - controllers
     ) and time.monotonic() < deadline:
