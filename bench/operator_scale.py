@@ -26,7 +26,10 @@ waited for) before the next phase; the last one (N TrainingJobs) is not waited f
                   then N jobs, time until the last is answered. Not a goal's baseline: it says how
                   far from the API server's own limit the operator is.
   burst           --burst TrainingJobs (suspended) created at once by the same threads; per job, from
-                  its create request sent to its RayJob seen by a watch: p50/p99/max.
+                  its create request sent to its RayJob seen by a watch: p50/p99/max. First, as the
+                  baselines get, 20 untimed warm-up TrainingJobs, each waited for until it has its
+                  RayJob and a status (the operator's first jobs: its connections, the API server's
+                  caches for its requests).
   N TrainingJobs  N TrainingJobs (suspended) created the same way; all-done = from the first create
                   sent until every TrainingJob has its RayJob and a status.phase (both seen by
                   watches). ratio = all-done ÷ raw RayJobs.
@@ -376,6 +379,13 @@ def main() -> None:
         statuses = Seen(
             client, ns, api.TRAININGJOBS, done=lambda o: bool((o.get("status") or {}).get("phase"))
         )
+        # Not timed, as the baselines' warm-up creates: the operator's first jobs (its connections, the
+        # API server's caches for its requests), each waited for until the operator is done with it.
+        warm, _ = create_all(
+            client, ns, api.TRAININGJOBS, trainingjobs(ns, 20, "warm", suspend=True), args.threads
+        )
+        rayjobs.wait(list(warm), args.timeout)
+        statuses.wait(list(warm), args.timeout)
         bodies = trainingjobs(ns, args.burst, "b", suspend=True)
         sent, _ = create_all(client, ns, api.TRAININGJOBS, bodies, args.threads)
         complete = rayjobs.wait(list(sent), args.timeout)
