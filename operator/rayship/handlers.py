@@ -464,22 +464,24 @@ def _unpacked(kept: bytes) -> dict[str, Any]:
 def _trimmed(body: Mapping[str, Any], drop_spec: tuple[str, ...] = ()) -> dict[str, Any]:
     """A watched object as plain dicts, without what no reconcile reads and memory would hold for
     every object: managedFields, kopf's copy of the last handled spec, and `drop_spec` fields."""
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, Mapping):
-            return {k: plain(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [plain(v) for v in value]
-        return value
-
-    kept: dict[str, Any] = {k: plain(v) for k, v in body.items() if k not in ("metadata", "spec")}
-    meta = {k: plain(v) for k, v in body.get("metadata", {}).items() if k != "managedFields"}
+    kept: dict[str, Any] = {k: _plain(v) for k, v in body.items() if k not in ("metadata", "spec")}
+    meta = {k: _plain(v) for k, v in body.get("metadata", {}).items() if k != "managedFields"}
     if annotations := meta.get("annotations"):
         meta["annotations"] = {k: v for k, v in annotations.items() if k != names.KOPF_DIFFBASE_ANNOTATION}
     kept["metadata"] = meta
     if "spec" in body:
-        kept["spec"] = {k: plain(v) for k, v in body["spec"].items() if k not in drop_spec}
+        kept["spec"] = {k: _plain(v) for k, v in body["spec"].items() if k not in drop_spec}
     return kept
+
+
+def _plain(value: Any) -> Any:
+    """A value of a watched object as plain dicts and lists. (Not a closure in `_trimmed`: a nested
+    function that calls itself is a reference cycle, garbage for the cyclic collector at every event.)"""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _one(index: kopf.Index[Any, bytes], key: Any) -> dict[str, Any] | None:
