@@ -181,6 +181,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # On SIGTERM, no waiting for kopf's per-object queues to drain: each queued event would start a
     # reconcile (see `in_thread`), and a restarted operator reconciles every object anyway.
     settings.queueing.exit_timeout = 0
+    # kopf's worker of an object keeps its last event (the whole decoded object) until no new event
+    # has come for this long (5 s by default): after a burst, hundreds of objects' events. 1000
+    # TrainingJobs at once: operator RSS 166-169 MB, against 179-190 MB with the default (0.1 s: 170).
+    settings.queueing.idle_timeout = 0.5
     config = OperatorConfig()
     settings.execution.max_workers = config.workers
     global _executor
