@@ -454,10 +454,10 @@ def _reconcile_services(*, namespace: str, services: list[str], config: Operator
 
 def _kept(body: Mapping[str, Any], drop_spec: tuple[str, ...] = ()) -> bytes:
     """A watched object as the operator keeps it for as long as it exists (kopf's indexes, own status
-    writes): `_trimmed`, packed as compact JSON, one allocation; `_unpacked` reads it back (~30 us for
-    a job). Kept as dicts, each object was a tree of small objects that also held on to the strings
-    of kopf's decoded event: ~20 KB a TrainingJob with its RayJob, spread over the allocator's pools
-    among the short-lived objects of the events, which kept those pools from being released."""
+    writes): `_trimmed`, packed as compact JSON, one allocation; `_unpacked` reads it back (~6 us for
+    a TrainingJob). Kept as dicts, each object was a tree of small objects that also held on to the
+    strings of kopf's decoded event: 12.7 KB a TrainingJob with its RayJob, 4.6 KB packed (tracemalloc,
+    1000 of each)."""
     return json.dumps(_trimmed(body, drop_spec), separators=(",", ":")).encode()
 
 
