@@ -144,21 +144,21 @@ class MemoryProgress(kopf.AnnotationsProgressStorage):
 
 class MemoryDiffBase(kopf.AnnotationsDiffBaseStorage):
     """The spec kopf last handled (the base of its diffs: it runs the update handler only when
-    something but the status changed), in memory as compact JSON, not written to the object. After
-    a restart an object has none, so kopf handles it as created: the same reconcile."""
+    something but the status changed), in memory packed as compact JSON (`_packed`), not written to
+    the object. After a restart an object has none, so kopf handles it as created: the same reconcile."""
 
     def __init__(self, prefix: str):
         super().__init__(prefix=prefix, key="last-handled-configuration")
-        self.essences: dict[str, str] = {}
+        self.essences: dict[str, bytes] = {}
 
     def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
         found = self.essences.get(body.metadata.uid or "")
         if found is None:
             return super().fetch(body=body)  # an annotation an earlier version wrote
-        return cast(kopf.BodyEssence, json.loads(found))
+        return cast(kopf.BodyEssence, _unpacked(found))
 
     def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
-        self.essences[body.metadata.uid or ""] = json.dumps(essence, separators=(",", ":"))
+        self.essences[body.metadata.uid or ""] = _packed(essence)
 
     def forget(self, uid: str) -> None:
         self.essences.pop(uid, None)
@@ -458,11 +458,16 @@ def _kept(body: Mapping[str, Any], drop_spec: tuple[str, ...] = ()) -> bytes:
     a TrainingJob). Kept as dicts, each object was a tree of small objects that also held on to the
     strings of kopf's decoded event: 12.7 KB a TrainingJob with its RayJob, 4.6 KB packed (tracemalloc,
     1000 of each)."""
-    return json.dumps(_trimmed(body, drop_spec), separators=(",", ":")).encode()
+    return _packed(_trimmed(body, drop_spec))
+
+
+def _packed(value: Mapping[str, Any]) -> bytes:
+    """What the operator keeps in memory per object (`_kept`, kopf's diffbase): compact JSON."""
+    return json.dumps(value, separators=(",", ":")).encode()
 
 
 def _unpacked(kept: bytes) -> dict[str, Any]:
-    """A kept object (`_kept`) as plain dicts: a fresh copy, the caller's own."""
+    """A packed object (`_packed`) as plain dicts: a fresh copy, the caller's own."""
     return cast(dict[str, Any], json.loads(kept))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 
@@ -213,3 +215,18 @@ def test_a_kept_object_is_trimmed_packed_and_read_back_as_a_fresh_copy() -> None
     first["status"]["jobDeploymentStatus"] = "Running"  # a reconcile's own copy
     assert handlers._unpacked(kept) == expected
     assert raw["metadata"]["managedFields"] and raw["spec"]["rayClusterSpec"] == {"headGroupSpec": {}}
+
+
+def test_kopfs_diffbase_is_kept_packed_in_memory_and_forgotten_with_the_object() -> None:
+    import kopf
+
+    from rayship import handlers
+
+    store = handlers.MemoryDiffBase(prefix="test.rayship.dev")
+    body = kopf.Body({"metadata": {"uid": "u1", "name": "tj"}, "spec": {"epochs": 3}})
+    essence = cast(kopf.BodyEssence, {"spec": {"epochs": 3}, "metadata": {"labels": {"a": "b"}}})
+    store.store(body=body, patch=kopf.Patch(), essence=essence)
+    assert isinstance(store.essences["u1"], bytes)
+    assert store.fetch(body=body) == essence
+    store.forget("u1")
+    assert store.fetch(body=body) is None  # and no annotation on the object: nothing to diff against
