@@ -4,7 +4,8 @@ instrumentation, not part of rayship; `bench/operator_memory.py` uses it on the 
 With RAYSHIP_BENCH_TRACE_FRAMES set, tracemalloc traces every allocation from interpreter start
 (imports included) with that many frames; each SIGUSR1 then writes, to RAYSHIP_BENCH_TRACE_OUT (JSON,
 replaced atomically), the traced size now, its peak since the last report (the reports' own
-allocations excluded), and every live allocation site (grouped by traceback, largest first). Cyclic garbage is collected first: only live memory counts.
+allocations excluded), and every live allocation site (grouped by traceback, largest first). Cyclic
+garbage is collected first: only live memory counts.
 """
 
 from __future__ import annotations
