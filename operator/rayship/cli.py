@@ -19,11 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
-from pydantic_settings import SettingsError
 
 from rayship import __version__, api, modelservice, trainingjob, yamlio
-from rayship.config import OperatorConfig
+from rayship.config import ConfigError, OperatorConfig, from_environment
 from rayship.validation import SpecError, parse
 
 EXIT_INVALID = 1
@@ -118,7 +116,7 @@ def _emit(objects: list[dict[str, Any]], output: str) -> str:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    config = OperatorConfig()
+    config = from_environment()
     docs = list(load_documents(args.file))
     sys.stdout.write(_emit(render_documents(docs, config), args.output))
     return 0
@@ -347,25 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code: int = args.func(args)
         return code
-    except (InputError, SpecError) as err:
+    except (InputError, SpecError, ConfigError) as err:  # ConfigError: RAYSHIP_* environment variables
         print(f"error: {err}".replace("\n", "\nerror: "), file=sys.stderr)
         return EXIT_INVALID
-    except (ValidationError, SettingsError) as err:  # RAYSHIP_* environment variables
-        for line in config_problems(err):
-            print(f"error: {line}", file=sys.stderr)
-        return EXIT_INVALID
-
-
-def config_problems(err: ValidationError | SettingsError) -> list[str]:
-    """One line per bad RAYSHIP_* variable, naming it (not pydantic's multi-line dump)."""
-    if isinstance(err, ValidationError):
-        return [
-            f"RAYSHIP_{str(e['loc'][0]).upper()}: {e['msg'][0].lower()}{e['msg'][1:]} (got {e.get('input')!r})"
-            for e in err.errors(include_url=False)
-        ]
-    found = re.search(r'field "(\w+)"', str(err))
-    name = f"RAYSHIP_{found.group(1).upper()}" if found else "RAYSHIP_*"
-    return [f"{name}: not valid JSON ({err.__cause__ or err})"]
 
 
 if __name__ == "__main__":

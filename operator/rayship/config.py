@@ -1,23 +1,38 @@
 """Operator configuration: cluster-wide defaults, read from `RAYSHIP_*` environment variables.
 
 The Helm chart sets these on the operator Deployment; `rayship render` reads the same variables, so
-an offline render matches what the operator would create.
+an offline render matches what the operator would create. `from_environment()` reads them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import os
+import re
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from rayship import __version__
 
+if TYPE_CHECKING:
+    from pydantic_settings import BaseSettings
 
-class OperatorConfig(BaseSettings):
+ENV_PREFIX = "RAYSHIP_"
+
+
+class ConfigError(ValueError):
+    """A `RAYSHIP_*` variable that does not hold a valid value: one line per variable, naming it."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class OperatorConfig(BaseModel):
     """Defaults the renderer applies where a spec leaves a field unset."""
 
-    model_config = SettingsConfigDict(env_prefix="RAYSHIP_", frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     default_image: str = Field(
         f"rayship/rayship-workloads:{__version__}-gpu",
@@ -68,3 +83,45 @@ class OperatorConfig(BaseSettings):
     wedged_seconds: float = Field(
         300, ge=30, description="Liveness fails when one reconcile has been running longer than this."
     )
+
+
+def variable(field: str) -> str:
+    """The environment variable a field is read from: `RAYSHIP_` and its name in capitals."""
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+@functools.cache
+def _settings() -> type[BaseSettings]:
+    from pydantic_settings import BaseSettings, SettingsConfigDict
+
+    class FromEnvironment(BaseSettings, OperatorConfig):
+        model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
+
+    return FromEnvironment
+
+
+def from_environment() -> OperatorConfig:
+    """The configuration the `RAYSHIP_*` environment variables give (lists and objects as JSON),
+    with each unset field at its default; `ConfigError` names each variable that is not valid.
+
+    pydantic-settings reads the variables, imported only when one of them is set: its import alone
+    takes ~50 ms, a fifth of `rayship render` (bench/render.py), where none is usually set.
+    """
+    names = {variable(field) for field in OperatorConfig.model_fields}
+    if not any(key.upper() in names for key in os.environ):  # read case-insensitively, as below
+        return OperatorConfig()
+    from pydantic_settings import SettingsError
+
+    try:
+        return OperatorConfig(**dict(_settings()()))
+    except ValidationError as err:
+        raise ConfigError(
+            [
+                f"{variable(str(e['loc'][0]))}: {e['msg'][0].lower()}{e['msg'][1:]} (got {e.get('input')!r})"
+                for e in err.errors(include_url=False)
+            ]
+        ) from None
+    except SettingsError as err:
+        found = re.search(r'field "(\w+)"', str(err))
+        name = variable(found.group(1)) if found else f"{ENV_PREFIX}*"
+        raise ConfigError([f"{name}: not valid JSON ({err.__cause__ or err})"]) from None

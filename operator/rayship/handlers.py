@@ -25,11 +25,11 @@ from pydantic import SecretStr
 
 from rayship import api, k8s, metrics, modelservice, names, trainingjob
 from rayship.conditions import Event, Plan, Probe, describe_foreign, owned_changes, ownership
-from rayship.config import OperatorConfig
+from rayship.config import OperatorConfig, from_environment
 
 CONFLICT_RETRIES = 5
 # Timers are declared at import: the resync interval comes from the same RAYSHIP_* environment.
-RESYNC_SECONDS = OperatorConfig().resync_seconds
+RESYNC_SECONDS = from_environment().resync_seconds
 
 log = logging.getLogger("rayship")
 _running: dict[int, tuple[str, float]] = {}  # thread -> (what, monotonic start) of running reconciles
@@ -186,7 +186,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # TrainingJobs at once: operator RSS 166-181 MB (3 runs), against 184-190 MB with the default
     # (3 runs; 0.1 s: 170).
     settings.queueing.idle_timeout = 0.5
-    config = OperatorConfig()
+    config = from_environment()
     settings.execution.max_workers = config.workers
     global _executor
     _executor = settings.execution.executor

@@ -284,13 +284,6 @@ def test_operator_config_changes_defaults() -> None:
     assert "tolerations" not in spec and spec["nodeSelector"] == {"pool": "gpu"}
 
 
-def test_operator_config_reads_environment(monkeypatch) -> None:
-    monkeypatch.setenv("RAYSHIP_DEFAULT_IMAGE", "env/img:2")
-    monkeypatch.setenv("RAYSHIP_GPU_NODE_SELECTOR", '{"accelerator": "a100"}')
-    config = OperatorConfig()
-    assert config.default_image == "env/img:2" and config.gpu_node_selector == {"accelerator": "a100"}
-
-
 def test_no_env_value_travels_in_the_entrypoint_or_the_annotation() -> None:
     """The entrypoint shows in Ray's job list and dashboard, the annotation to anyone who reads the
     RayJob: env values stay in the pod spec (where a Secret reference belongs)."""
