@@ -278,10 +278,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_operator(args: argparse.Namespace) -> int:
     import kopf
 
-    from rayship import handlers  # noqa: F401  (registers the handlers)
+    from rayship import handlers  # registers the handlers
 
     kopf.configure(verbose=args.verbose)  # INFO (DEBUG with --verbose) to stderr, one line per record
-    kopf.run(
+    handlers.run(
         standalone=True,
         clusterwide=not args.namespace,
         namespaces=args.namespace or (),

@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import math
+import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -26,6 +27,7 @@ from pydantic import SecretStr
 from rayship import api, k8s, metrics, modelservice, names, trainingjob
 from rayship.conditions import Event, Plan, Probe, describe_foreign, owned_changes, ownership
 from rayship.config import OperatorConfig, from_environment
+from rayship.workqueue import WorkQueue
 
 CONFLICT_RETRIES = 5
 # Timers are declared at import: the resync interval comes from the same RAYSHIP_* environment.
@@ -92,8 +94,10 @@ SERVING = Controller(
 # While a model rolls out, Serve is asked this often whether it runs the new model (KubeRay's status
 # may not change when the rollout ends, so no event would tell).
 ROLLOUT_CHECK_SECONDS = 3.0
-# kopf's thread pool, which the startup handler hands to `in_thread`.
+# kopf's thread pool, which the startup handler hands to `in_thread` and the work queue, and the
+# configuration it reads.
 _executor: Executor | None = None
+_config: OperatorConfig | None = None
 
 
 def in_thread(handler: Callable[..., None]) -> Callable[..., Awaitable[None]]:
@@ -190,10 +194,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.execution.max_workers = config.workers
     global _executor
     _executor = settings.execution.executor
-    k8s.configure(connections=config.workers + 2)  # + the resync thread and one spare
+    k8s.configure(connections=config.workers + 2)  # + two spare
     if config.ray_token_key is None:
         config = config.model_copy(update={"ray_token_key": SecretStr(k8s.token_key(config.namespace))})
     memo.config = config
+    global _config
+    _config = config
     logging.getLogger("rayship").setLevel(memo.config.log_level.upper())
     metrics.serve(memo.config.metrics_port)
     _stop_resync.clear()
@@ -231,24 +237,65 @@ async def rayjobs_seen(
 
 @kopf.on.resume(*api.TRAININGJOBS, id="resume")
 @kopf.on.create(*api.TRAININGJOBS, id="create")
-@kopf.on.update(*api.TRAININGJOBS, id="update")
-@in_thread
-def trainingjob_changed(
+@kopf.on.update(*api.TRAININGJOBS, id="update")  # type: ignore[arg-type]  # kopf's ChangingFn does not model index kwargs
+async def trainingjob_changed(
     *,
     namespace: str | None,
     name: str,
-    body: kopf.Body,
+    trainingjobs_seen: kopf.Index[tuple[str | None, str], bytes],
     rayjobs_seen: kopf.Index[tuple[str | None, str], bytes],
-    memo: kopf.Memo,
     **_: Any,
 ) -> None:
-    # The RayJob index says whether there is a RayJob (absent: created, a namesake answers 409); one
-    # that exists is read afresh: the RayJob watch is not ordered with this TrainingJob's, so an
-    # indexed RayJob may be older than the status this TrainingJob already shows.
-    rayjob = _one(rayjobs_seen, (namespace, names.rayjob_name(name)))
-    if rayjob is not None:
-        rayjob = k8s.get(api.RAYJOBS, _namespaced(namespace), names.rayjob_name(name))
-    reconcile_trainingjob(_namespaced(namespace), name, memo.config, Seen(_trimmed(body), rayjob))
+    """Queued (`TRAINING_QUEUE`), with its RayJob to be read afresh: the RayJob watch is not ordered
+    with this TrainingJob's, so an indexed RayJob may be older than the status this TrainingJob
+    already shows."""
+    _keep_kopf_context()
+    _watched.update(trainingjobs=trainingjobs_seen, rayjobs=rayjobs_seen)
+    TRAINING_QUEUE.add((_namespaced(namespace), name), fresh=True)
+
+
+def _reconcile_queued(key: tuple[str, str], fresh_child: bool) -> None:
+    """A TrainingJob's turn in `TRAINING_QUEUE`: reconciled from kopf's indexes as they stand now
+    (a RayJob there is read afresh if `fresh_child`; one absent is confirmed by `reconcile`). A
+    temporary failure is queued again after its delay, any other after kopf's default backoff
+    (60 s); the resync passes by in any case."""
+    namespace, name = key
+    try:
+        seen = _watched_now(namespace, name)
+        if seen is not None and seen.child is not None and fresh_child:
+            seen = replace(seen, child=k8s.get(api.RAYJOBS, namespace, names.rayjob_name(name)))
+        assert _config is not None, "configure() runs before any event"
+        reconcile_trainingjob(namespace, name, _config, seen)
+    except kopf.TemporaryError as err:
+        log.info("TrainingJob %s/%s: %s; again in %s s", namespace, name, err, err.delay)
+        TRAINING_QUEUE.add_after(key, err.delay or 1, fresh_child)
+    except kopf.PermanentError as err:
+        log.error("TrainingJob %s/%s: %s", namespace, name, err)
+    except Exception:
+        log.exception("reconcile of TrainingJob %s/%s failed; again in 60 s", namespace, name)
+        TRAINING_QUEUE.add_after(key, 60, fresh_child)
+
+
+# kopf posts Events (`kopf.event`) through a queue its handlers find in context variables: the work
+# queue's tasks run in a copy of the context of the first handler that queued a job. (Not each
+# handler's own: that holds its event, the whole object, for as long as the job waits.)
+_kopf_context: contextvars.Context | None = None
+
+
+def _keep_kopf_context() -> None:
+    global _kopf_context
+    if _kopf_context is None:
+        _kopf_context = contextvars.copy_context()
+
+
+def _submit(task: Callable[[], None]) -> None:
+    assert _executor is not None and _kopf_context is not None, "a handler queues the first job"
+    _executor.submit(_kopf_context.copy().run, task)
+
+
+# Every TrainingJob event only queues its job: the events are let go at once (see `rayship.workqueue`).
+TRAINING_QUEUE: WorkQueue[tuple[str, str]] = WorkQueue(_reconcile_queued, _submit)
+metrics.QUEUE_DEPTH.labels(TRAINING.kind).set_function(lambda: len(TRAINING_QUEUE))
 
 
 # Namespaces being deleted, kept by kopf from a watch of namespaces: a reconcile there writes nothing.
@@ -298,11 +345,12 @@ def resync_trainingjobs(config: OperatorConfig) -> None:
     One thread, not a kopf timer per object: kopf puts a finalizer on every object with a timer (a
     PATCH at creation and one at deletion, and no deletion at all while the operator is down).
 
-    Each pass works from what the watches hold (kopf re-lists after a broken watch, so they hold every
-    change the API server made), as an event's reconcile does: a missing RayJob is confirmed with a
-    GET before the plan acts on its absence, and a status write at a stale resourceVersion (409)
-    reads both afresh. So a resync that finds nothing to do makes no API call; one GET per object per
-    interval would be most of the operator's calls at scale."""
+    Each object is queued (`TRAINING_QUEUE`) as an event queues it, so its reconcile works from what
+    the watches hold (kopf re-lists after a broken watch, so they hold every change the API server
+    made): a missing RayJob is confirmed with a GET before the plan acts on its absence, and a status
+    write at a stale resourceVersion (409) reads both afresh. So a resync that finds nothing to do
+    makes no API call; one GET per object per interval would be most of the operator's calls at
+    scale. (Queued, it also runs where kopf's Events can be posted: see `_kopf_context`.)"""
     while not _stop_resync.is_set():
         known = sorted(_trainingjobs)
         if not known:
@@ -314,12 +362,7 @@ def resync_trainingjobs(config: OperatorConfig) -> None:
                 continue  # deleted meanwhile
             if time.monotonic() - _reconciled.get((namespace, name), -math.inf) < config.resync_seconds:
                 continue  # an event reconciled it within the interval (and none races it now)
-            try:
-                reconcile_trainingjob(namespace, name, config, _watched_now(namespace, name))
-            except kopf.TemporaryError as err:
-                log.warning("resync of TrainingJob %s/%s: %s; again at the next resync", namespace, name, err)
-            except Exception:  # one object's failure must not stop the others' resync
-                log.exception("resync of TrainingJob %s/%s failed; again at the next resync", namespace, name)
+            TRAINING_QUEUE.add((namespace, name))
 
 
 def reconcile_trainingjob(namespace: str, name: str, config: OperatorConfig, seen: Seen | None) -> None:
@@ -338,29 +381,61 @@ def _watched_now(namespace: str, name: str) -> Seen | None:
 @kopf.on.cleanup()
 def stop_resync(**_: Any) -> None:
     _stop_resync.set()
+    TRAINING_QUEUE.stop()
 
 
-@kopf.on.event(*api.RAYJOBS, labels={names.LABEL_TRAININGJOB: kopf.PRESENT})
-@in_thread
-def rayjob_changed(
+# --- running and stopping ------------------------------------------------------------------------
+
+# The flag `run` hands kopf to stop it; set on SIGTERM or SIGINT (`take_signals`).
+_stop: asyncio.Event | None = None
+
+
+def run(**options: Any) -> None:
+    """`kopf.run(**options)`, stopped by SIGTERM or SIGINT through a stop flag (`take_signals`), so
+    that a stop first drops what waits in the work queue. kopf's cleanup handlers run only once its
+    watchers have stopped: the thread pool would work through the queue meanwhile, a reconcile (a
+    few API calls) per queued job, and a rollout under a backlog would end in SIGKILL."""
+    global _stop
+    _stop = asyncio.Event()
+    kopf.run(stop_flag=_stop, **options)
+
+
+@kopf.on.startup()
+async def take_signals(**_: Any) -> None:
+    """SIGTERM and SIGINT, taken over from kopf when started by `run`: `_stopping`."""
+    if _stop is None or threading.current_thread() is not threading.main_thread():
+        return  # not started by `run`: kopf keeps its own handlers
+    # kopf installs its handlers as its startup tasks take their first step, before this one's
+    # next: installed after that, these replace them.
+    await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _stopping, sig)
+
+
+def _stopping(sig: signal.Signals) -> None:
+    dropped = len(TRAINING_QUEUE)
+    TRAINING_QUEUE.stop()
+    _stop_resync.set()
+    log.info("%s: stopping; %d queued TrainingJob reconciles dropped", sig.name, dropped)
+    if _stop is not None:
+        _stop.set()
+
+
+@kopf.on.event(*api.RAYJOBS, labels={names.LABEL_TRAININGJOB: kopf.PRESENT})  # type: ignore[arg-type]  # kopf's WatchingFn does not model index kwargs
+async def rayjob_changed(
     *,
-    type: str | None,
     namespace: str | None,
     labels: Mapping[str, str],
-    body: kopf.Body,
     trainingjobs_seen: kopf.Index[tuple[str | None, str], bytes],
-    memo: kopf.Memo,
+    rayjobs_seen: kopf.Index[tuple[str | None, str], bytes],
     **_: Any,
 ) -> None:
-    owner = labels[names.LABEL_TRAININGJOB]
-    known = _one(trainingjobs_seen, (namespace, owner))
-    seen = None if known is None else Seen(known, None if type == "DELETED" else _trimmed(body))
-    ns = _namespaced(namespace)
-    given = iter([seen])  # the first attempt works from the watch; a retry reads both afresh
-    retried(
-        f"TrainingJob {ns}/{owner}",
-        lambda: reconcile_trainingjob(ns, owner, memo.config, next(given, None)),
-    )
+    """Its TrainingJob is queued: kopf updated the RayJob index before this handler (gone from it
+    when DELETED), so the reconcile sees this RayJob or a later one."""
+    _keep_kopf_context()
+    _watched.update(trainingjobs=trainingjobs_seen, rayjobs=rayjobs_seen)
+    TRAINING_QUEUE.add((_namespaced(namespace), labels[names.LABEL_TRAININGJOB]))
 
 
 # --- ModelService --------------------------------------------------------------------------------
@@ -427,6 +502,7 @@ async def trainingjob_for_services(
     """A TrainingJob changed (or went away): the ModelServices that serve it re-resolve their model.
     The bookkeeping runs in the event loop; only reconciles go to the thread pool (most TrainingJobs
     are served by none)."""
+    _keep_kopf_context()
     _watched.update(trainingjobs=trainingjobs_seen, rayjobs=rayjobs_seen)  # kopf's live views, for resync
     _terminating.update(namespaces=namespaces_terminating)
     ns = _namespaced(namespace)

@@ -23,6 +23,13 @@ PHASE_TRANSITIONS = prometheus_client.Counter(
     registry=REGISTRY,
 )
 
+QUEUE_DEPTH = prometheus_client.Gauge(
+    "rayship_queue_depth",
+    "Objects waiting in the work queue for a reconcile (a backlog: the operator is behind its events).",
+    ["kind"],
+    registry=REGISTRY,
+)
+
 
 def serve(port: int) -> None:
     if port:

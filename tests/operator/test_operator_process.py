@@ -31,6 +31,7 @@ def test_liveness_metrics_and_clean_sigterm(kube: Kube, cluster) -> None:
     assert handle.metrics_port, "the chart enables metrics by default"
     metrics = fetch(f"http://127.0.0.1:{handle.metrics_port}/metrics")
     assert 'rayship_reconciles_total{kind="TrainingJob"}' in metrics
+    assert 'rayship_queue_depth{kind="TrainingJob"}' in metrics
 
     log = Path(handle.log_path)
     start = log.stat().st_size
