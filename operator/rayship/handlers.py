@@ -636,7 +636,8 @@ def _with_own_write(kind: str, namespace: str, name: str, seen: Seen) -> Seen:
 # resourceVersion, and one loses (409: both objects read again, the status written again). The one
 # that waited starts from the other's write (`_with_own_write`). Locks by stripe: bounded memory;
 # with 32 workers, two objects seldom share one. (Reconciles never nest, so a stripe is never
-# taken twice by one thread.)
+# taken twice by one thread.) TrainingJobs have their work queue, which guarantees this too; the
+# locks serve the ModelServices (their handlers, timers and RayService events run in kopf's pool).
 _OBJECT_LOCKS = tuple(threading.Lock() for _ in range(256))
 
 
