@@ -71,10 +71,10 @@ def rate(work: Callable[[], Any], seconds: float) -> float:
 
 def in_process(path: Path, seconds: float) -> dict[str, float]:
     from rayship import trainingjob, validation, yamlio
-    from rayship.config import OperatorConfig
+    from rayship.config import from_environment
 
     doc = next(d for d in yamlio.load_all(path.read_text()) if d is not None)
-    config = OperatorConfig()
+    config = from_environment()
     tj = validation.parse_trainingjob(doc)
 
     def render_only() -> None:

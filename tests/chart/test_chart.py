@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from rayship import chart, generate, names, rbac
-from rayship.config import OperatorConfig
+from rayship.config import OperatorConfig, from_environment, variable
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.chart
@@ -173,11 +173,11 @@ def test_the_chart_configures_the_operator(tmp_path: Path, monkeypatch) -> None:
     env = operator_env(deployment)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    config = OperatorConfig()
+    config = from_environment()
     assert config.default_image == "registry.example/rayship-workloads:0.1.0-gpu"
     assert config.gpu_node_selector == {"pool": "a100"} and config.metrics_port == 9090
     assert config.gpu_tolerations == chart.ChartValues().defaults.gpuTolerations
-    known = {f"RAYSHIP_{name.upper()}" for name in OperatorConfig.model_fields}
+    known = {variable(name) for name in OperatorConfig.model_fields}
     assert set(env) <= known, set(env) - known  # no value the operator would ignore
     (off,) = by_kind(template("metrics-off", tmp_path), "Deployment")
     assert operator_env(off)["RAYSHIP_METRICS_PORT"] == "0" and not by_kind(
