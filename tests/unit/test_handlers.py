@@ -230,3 +230,42 @@ def test_kopfs_diffbase_is_kept_packed_in_memory_and_forgotten_with_the_object()
     assert store.fetch(body=body) == essence
     store.forget("u1")
     assert store.fetch(body=body) is None  # and no annotation on the object: nothing to diff against
+
+
+@pytest.mark.parametrize(
+    ("raised", "again_in"),
+    [
+        (None, None),
+        ("temporary", 7.0),  # the error's delay
+        ("permanent", None),  # logged, never retried
+        ("other", 60.0),  # kopf's default backoff
+    ],
+)
+def test_a_queued_reconcile_is_queued_again_after_a_failure_as_kopf_would_retry_it(
+    monkeypatch, raised: str | None, again_in: float | None
+) -> None:
+    import kopf
+
+    from rayship import handlers
+    from rayship.config import OperatorConfig
+
+    errors = {
+        "temporary": kopf.TemporaryError("API server busy", delay=7),
+        "permanent": kopf.PermanentError("cluster-scoped"),
+        "other": RuntimeError("connection reset"),
+    }
+    calls: list[tuple[str, str]] = []
+    again: list[tuple[tuple[str, str], float, bool]] = []
+
+    def reconcile(namespace: str, name: str, config: OperatorConfig, seen: object) -> None:
+        calls.append((namespace, name))
+        if raised:
+            raise errors[raised]
+
+    monkeypatch.setattr(handlers, "_config", OperatorConfig())
+    monkeypatch.setattr(handlers, "_watched", {})  # nothing watched yet: the reconcile reads
+    monkeypatch.setattr(handlers, "reconcile_trainingjob", reconcile)
+    monkeypatch.setattr(handlers.TRAINING_QUEUE, "add_after", lambda *a: again.append(a))
+    handlers._reconcile_queued(("ns", "job"), True)
+    assert calls == [("ns", "job")]
+    assert again == ([] if again_in is None else [(("ns", "job"), again_in, True)])
