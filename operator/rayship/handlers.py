@@ -249,8 +249,7 @@ async def trainingjob_changed(
     """Queued (`TRAINING_QUEUE`), with its RayJob to be read afresh: the RayJob watch is not ordered
     with this TrainingJob's, so an indexed RayJob may be older than the status this TrainingJob
     already shows."""
-    _keep_kopf_context()
-    _watched.update(trainingjobs=trainingjobs_seen, rayjobs=rayjobs_seen)
+    _keep_kopf_views(trainingjobs_seen, rayjobs_seen)
     TRAINING_QUEUE.add((_namespaced(namespace), name), fresh=True)
 
 
@@ -282,10 +281,16 @@ def _reconcile_queued(key: tuple[str, str], fresh_child: bool) -> None:
 _kopf_context: contextvars.Context | None = None
 
 
-def _keep_kopf_context() -> None:
+def _keep_kopf_views(
+    trainingjobs_seen: kopf.Index[tuple[str | None, str], bytes],
+    rayjobs_seen: kopf.Index[tuple[str | None, str], bytes],
+) -> None:
+    """What a TrainingJob or RayJob handler hands the queue's tasks and the resync: kopf's live
+    indexes (`_watched`) and, from the first handler, kopf's context (`_kopf_context`)."""
     global _kopf_context
     if _kopf_context is None:
         _kopf_context = contextvars.copy_context()
+    _watched.update(trainingjobs=trainingjobs_seen, rayjobs=rayjobs_seen)
 
 
 def _submit(task: Callable[[], None]) -> None:
@@ -380,6 +385,11 @@ def _watched_now(namespace: str, name: str) -> Seen | None:
 
 @kopf.on.cleanup()
 def stop_resync(**_: Any) -> None:
+    _stop_work()
+
+
+def _stop_work() -> None:
+    """No more reconciles of TrainingJobs: the resync ends, what waits in the queue is dropped."""
     _stop_resync.set()
     TRAINING_QUEUE.stop()
 
@@ -415,8 +425,7 @@ async def take_signals(**_: Any) -> None:
 
 def _stopping(sig: signal.Signals) -> None:
     dropped = len(TRAINING_QUEUE)
-    TRAINING_QUEUE.stop()
-    _stop_resync.set()
+    _stop_work()
     log.info("%s: stopping; %d queued TrainingJob reconciles dropped", sig.name, dropped)
     if _stop is not None:
         _stop.set()
@@ -433,8 +442,7 @@ async def rayjob_changed(
 ) -> None:
     """Its TrainingJob is queued: kopf updated the RayJob index before this handler (gone from it
     when DELETED), so the reconcile sees this RayJob or a later one."""
-    _keep_kopf_context()
-    _watched.update(trainingjobs=trainingjobs_seen, rayjobs=rayjobs_seen)
+    _keep_kopf_views(trainingjobs_seen, rayjobs_seen)
     TRAINING_QUEUE.add((_namespaced(namespace), labels[names.LABEL_TRAININGJOB]))
 
 
@@ -502,8 +510,7 @@ async def trainingjob_for_services(
     """A TrainingJob changed (or went away): the ModelServices that serve it re-resolve their model.
     The bookkeeping runs in the event loop; only reconciles go to the thread pool (most TrainingJobs
     are served by none)."""
-    _keep_kopf_context()
-    _watched.update(trainingjobs=trainingjobs_seen, rayjobs=rayjobs_seen)  # kopf's live views, for resync
+    _keep_kopf_views(trainingjobs_seen, rayjobs_seen)
     _terminating.update(namespaces=namespaces_terminating)
     ns = _namespaced(namespace)
     if type == "DELETED":
