@@ -14,17 +14,18 @@ In-process (one process, one thread; each row is run for --seconds after a warm-
                      `validation.parse(doc, admitted=True)` (pydantic + the CEL rules the API server
                      cannot enforce; the CRD's own rules were enforced by the API server when the object
                      was written) and the render.
-  CLI / local        `validation.parse(doc)` (every CEL rule, with cel-python) and the render, as
+  CLI / local        `validation.parse(doc)` (every CEL rule, with cel-expr-python) and the render, as
                      `rayship render` does; shown for comparison, not a figure of the issue.
 
 CLI (separate processes, --runs runs each, interleaved so load changes hit every row alike; median,
 min in brackets):
 
   python -c pass     the interpreter's own start-up (baseline)
-  bare imports       `import yaml, celpy; from pydantic import BaseModel`: the third-party libraries
+  bare imports       `import yaml; from cel_expr_python import cel; from pydantic import BaseModel`: the
+                     third-party libraries
                      the render path cannot do without, nothing of rayship's (baseline)
   rayship render     render_cli_s: `<venv>/bin/rayship render -f FILE > /dev/null`, after one warm-up
-                     run; the first run (which may also fill the CEL parser cache) is shown separately.
+                     run; the first run is shown separately.
                      As on a laptop, no `RAYSHIP_*` setting is in the environment: with one, rayship.config
                      also imports pydantic-settings to read it (~50 ms more here).
 
@@ -105,7 +106,11 @@ def cli(path: Path, runs: int) -> dict[str, list[float]]:
     rayship = str(Path(python).parent / "rayship")
     commands = {
         "python -c pass": [python, "-c", "pass"],
-        "bare imports": [python, "-c", "import yaml, celpy; from pydantic import BaseModel"],
+        "bare imports": [
+            python,
+            "-c",
+            "import yaml; from cel_expr_python import cel; from pydantic import BaseModel",
+        ],
         "rayship render": [rayship, "render", "-f", str(path)],
     }
     times: dict[str, list[float]] = {"rayship render (first run)": [wall(commands["rayship render"])]}

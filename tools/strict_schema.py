@@ -4,20 +4,23 @@ CRD schemas do not reject unknown fields (the API server prunes them silently), 
 rendered manifest would be lost without a trace. Here every object schema that lists `properties`
 and lacks `x-kubernetes-preserve-unknown-fields` gets `additionalProperties: false`; nulls are
 dropped and schema defaults applied first, as the API server does. CEL rules
-(`x-kubernetes-validations`) are evaluated with cel-python.
+(`x-kubernetes-validations`) are evaluated with rayship's CEL environment (`rayship.cel`), as on a create:
+transition rules (those that read `oldSelf`) are skipped, as the API server skips them there.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
-import celpy
 import jsonschema
 import yaml
 
-from rayship.cel import program as cel_program
+from rayship import cel
+
+_TRANSITION_RULE = re.compile(r"\boldSelf\b")
 
 
 def load_crd_schema(path: Path, version: str) -> dict[str, Any]:
@@ -90,12 +93,13 @@ def typed(schema: dict[str, Any], value: Any) -> Any:
 
 
 def cel_errors(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
-    """Evaluate every x-kubernetes-validations rule on the value it is attached to."""
+    """Evaluate every x-kubernetes-validations rule on the value it is attached to, as on a create."""
     errors: list[str] = []
     for rule in schema.get("x-kubernetes-validations", []):
+        if _TRANSITION_RULE.search(rule["rule"]):
+            continue
         # rayship's own CEL environment: the Kubernetes quantity library the API server offers too
-        result = cel_program(rule["rule"]).evaluate({"self": celpy.json_to_cel(typed(schema, value))})
-        if isinstance(result, Exception) or not result:
+        if not cel.holds(rule["rule"], typed(schema, value)):
             errors.append(f"{path or '<root>'}: {rule.get('message', rule['rule'])}")
     if isinstance(value, dict):
         extra = schema.get("additionalProperties")

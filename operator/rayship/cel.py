@@ -1,34 +1,21 @@
-"""CEL rules evaluated in Python (cel-python), as the API server evaluates a CRD's
-`x-kubernetes-validations`, with the Kubernetes quantity library.
+"""CEL rules evaluated in Python as the API server evaluates a CRD's `x-kubernetes-validations`, with
+cel-expr-python (the CEL project's Python binding of its C++ implementation: the same language
+definition and RE2 regular expressions as the API server's cel-go) and the Kubernetes quantity library.
 
 `rayship render` / `run` evaluate every rule of `rayship.api`; the operator only those that are not in
 the CRD (the API server evaluated the others when the object was written), usually none, so this
-module (and cel-python) is imported on first use.
-
-Start-up: cel-python builds its CEL parser (a lark LALR parser) when the first program is compiled,
-and lark's analysis of the grammar takes longer than the rest of `rayship render`. lark can keep that
-analysis in a cache file (checked against the grammar, the parser options, lark's and Python's
-versions; rebuilt when any differs): it is kept in the user's cache directory
-(`$XDG_CACHE_HOME/rayship` or `~/.cache/rayship`), or not at all where that cannot be written.
+module (and cel-expr-python, which imports protobuf) is imported on first use. A rule is compiled
+(parsed and type-checked) once per process.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
-import os
 import re
-import tempfile
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
-import celpy
-import lark
-from celpy.celparser import CELParser
-
-# cel-python logs every evaluation step at DEBUG; that would drown the operator's own log.
-logging.getLogger("celpy").setLevel(logging.WARNING)
+from cel_expr_python import cel
 
 _SUFFIXES: dict[str, Fraction | int] = {
     "": 1, "m": Fraction(1, 1000), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
@@ -37,90 +24,56 @@ _SUFFIXES: dict[str, Fraction | int] = {
 _QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)")
 
 
-class _Quantity:
-    """A Kubernetes resource.Quantity, for the CEL quantity library (Kubernetes >= 1.29) as the API
-    server evaluates it: `quantity('16Gi').compareTo(quantity('64Mi'))`."""
-
-    def __init__(self, text: Any):
-        found = _QUANTITY.fullmatch(str(text))
-        if found is None or found.group(2) not in _SUFFIXES:
-            raise ValueError(f"not a quantity: {text!r}")
-        self.value = Fraction(found.group(1)) * _SUFFIXES[found.group(2)]
+def quantity_value(text: str) -> Fraction:
+    """The exact value of a Kubernetes resource.Quantity such as `16Gi`, `500m` or `1.5`."""
+    found = _QUANTITY.fullmatch(text)
+    if found is None or found.group(2) not in _SUFFIXES:
+        raise ValueError(f"not a quantity: {text!r}")
+    return Fraction(found.group(1)) * _SUFFIXES[found.group(2)]
 
 
-def _compare(a: _Quantity, b: _Quantity) -> celpy.celtypes.IntType:
-    return celpy.celtypes.IntType((a.value > b.value) - (a.value < b.value))
+def _quantity(text: str) -> str:
+    quantity_value(text)  # an error in the rule, as in the API server, if it is not one
+    return text
 
 
-FUNCTIONS: dict[str, Any] = {
-    "quantity": _Quantity,
-    "compareTo": _compare,
-    "isGreaterThan": lambda a, b: celpy.celtypes.BoolType(a.value > b.value),
-    "isLessThan": lambda a, b: celpy.celtypes.BoolType(a.value < b.value),
+def _compare(a: str, b: str) -> int:
+    x, y = quantity_value(a), quantity_value(b)
+    return (x > y) - (x < y)
+
+
+# The quantity library (Kubernetes >= 1.29), as the API server offers it:
+# `quantity('16Gi').compareTo(quantity('64Mi'))`. cel-expr-python cannot hand an opaque value from a
+# Python function back to CEL, so a quantity is carried as its checked text (exact, where a double or
+# an int64 could not hold 8Ei) and its methods are declared on strings: rayship's rules are the only
+# ones evaluated here, and the API server type-checks every one of them with the real library.
+_METHODS = {
+    "compareTo": (cel.Type.INT, _compare),
+    "isGreaterThan": (cel.Type.BOOL, lambda a, b: _compare(a, b) > 0),
+    "isLessThan": (cel.Type.BOOL, lambda a, b: _compare(a, b) < 0),
 }
-
-# The options cel-python 0.5.0 builds its parser with (celpy/celparser.py, CELParser.__init__);
-# tests/unit/test_cel.py checks that this parser is the one cel-python would build.
-_GRAMMAR = Path(celpy.__file__).parent / "cel.lark"
-_PARSER_OPTIONS: dict[str, Any] = {
-    "parser": "lalr",
-    "start": "expr",
-    "debug": True,
-    "g_regex_flags": re.M,
-    "lexer_callbacks": {"IDENT": CELParser.ambiguous_literals},
-    "propagate_positions": True,
-    "maybe_placeholders": False,
-    "priority": "invert",
-    "tree_class": celpy.InterpretedRunner.tree_node_class,
-}
-
-
-def cache_file() -> Path | None:
-    """The parser cache file, or None where the cache directory cannot be written."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    folder = Path(base) / "rayship"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return None
-    return folder / f"cel-parser-lark{lark.__version__}.cache"
-
-
-def _build_parser() -> lark.Lark:
-    grammar = _GRAMMAR.read_text()
-    path = cache_file()
-    if path is None:
-        return lark.Lark(grammar, **_PARSER_OPTIONS)
-    if path.exists():  # lark loads it, or rebuilds and rewrites it if it does not match
-        return lark.Lark(grammar, cache=str(path), **_PARSER_OPTIONS)
-    # A new cache file appears whole (written beside it, then renamed): another process never reads
-    # half of one.
-    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".partial")
-    os.close(fd)
-    os.unlink(partial)  # lark treats an existing file as a cache to load
-    try:
-        parser = lark.Lark(grammar, cache=partial, **_PARSER_OPTIONS)
-        if os.path.exists(partial):
-            os.replace(partial, path)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
-    return parser
+_STRING = cel.Type.STRING
+FUNCTIONS = [
+    cel.FunctionDecl("quantity", [cel.Overload("quantity_string", _STRING, [_STRING], impl=_quantity)]),
+    *(
+        cel.FunctionDecl(
+            name, [cel.Overload(f"quantity_{name}", result, [_STRING, _STRING], is_member=True, impl=impl)]
+        )
+        for name, (result, impl) in _METHODS.items()
+    ),
+]
 
 
 @functools.cache
-def _environment() -> celpy.Environment:
-    if CELParser.CEL_PARSER is None:  # cel-python makes its parser once per process, like this
-        CELParser.CEL_PARSER = _build_parser()
-    return celpy.Environment()
+def _environment() -> Any:
+    return cel.NewEnv(variables={"self": cel.Type.DYN}, functions=FUNCTIONS)
 
 
 @functools.cache
-def program(rule: str) -> celpy.Runner:
-    env = _environment()
-    return env.program(env.compile(rule), functions=FUNCTIONS)
+def program(rule: str) -> Any:
+    """The rule compiled (parsed and type-checked) with `self` of any type; a rule that does not
+    compile is a bug in the rule: RuntimeError, naming it."""
+    return _environment().compile(rule)
 
 
 def holds(rule: str, value: Any) -> bool:
@@ -128,8 +81,5 @@ def holds(rule: str, value: Any) -> bool:
 
     As in the API server, a rule whose evaluation fails (e.g. a missing field) does not hold.
     """
-    try:
-        result = program(rule).evaluate({"self": celpy.json_to_cel(value)})
-    except celpy.CELEvalError:
-        return False
-    return not isinstance(result, Exception) and bool(result)
+    result = program(rule).eval(data={"self": value})
+    return result.type() == cel.Type.BOOL and result.value() is True

@@ -16,13 +16,16 @@ import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from rayship import __version__, api, modelservice, trainingjob, yamlio
+from rayship import __version__, api, trainingjob, yamlio
 from rayship.config import ConfigError, OperatorConfig, from_environment
 from rayship.validation import SpecError, parse
+
+if TYPE_CHECKING:
+    from rayship import modelservice
 
 EXIT_INVALID = 1
 
@@ -78,6 +81,8 @@ def render_documents(docs: list[tuple[str, Any]], config: OperatorConfig) -> lis
                 print(f"warning: {label}: {warning}", file=sys.stderr)
             objects.extend(trainingjob.render_trainingjob(obj, config))
         elif isinstance(obj, api.ModelService):
+            from rayship import modelservice  # on first use: a TrainingJob's render does without it
+
             volume = obj.spec.storage.pvc if obj.spec.storage else None
             model = _offline_model(obj, label)
             objects.append(modelservice.desired_rayservice(obj, config, model, volume))
@@ -89,6 +94,8 @@ def render_documents(docs: list[tuple[str, Any]], config: OperatorConfig) -> lis
 def _offline_model(ms: api.ModelService, label: str) -> modelservice.Model:
     """`model.uri` (or each of `models`), a stand-in for `fromTrainingJob` (the real URI is known once
     the job succeeds)."""
+    from rayship import modelservice
+
     sources = {modelservice.ONE: ms.spec.model} if ms.spec.models is None else ms.spec.models
     out: dict[str, str] = {}
     for name, source in sources.items():
