@@ -160,6 +160,26 @@ def test_recreated_namesake_waits_for_the_old_rayjob_never_adopts_it(kube: Kube,
     assert fresh["metadata"]["ownerReferences"][0]["uid"] == second["metadata"]["uid"]
 
 
+def test_a_spec_change_reaches_the_rayjob_and_a_status_write_does_not_trigger_a_reconcile(
+    kube: Kube, operator
+) -> None:
+    """A change of the TrainingJob's spec (a new metadata.generation) is acted on within seconds, not at
+    the resync; a status write by someone else changes no generation and is not acted on: the status
+    stays what someone else wrote until the next reconcile."""
+    kube.pvc()
+    kube.create(TJ, sample("toggled", suspend=True))
+    assert rayjob_of(kube, "toggled")["spec"]["suspend"] is True
+    wait_for(lambda: kube.status(TJ, "toggled").get("phase") == "Suspended", 60, what="phase Suspended")
+    group, version, plural = TJ
+    kube.custom.patch_namespaced_custom_object_status(
+        group, version, kube.namespace, plural, "toggled", {"status": {"gpus": 7}}
+    )
+    time.sleep(3)  # a reconcile would have written the job's 0 GPUs back by now
+    assert kube.status(TJ, "toggled").get("gpus") == 7
+    kube.patch(TJ, "toggled", {"spec": {"suspend": False}})
+    wait_for(lambda: kube.get(RJ, "toggled")["spec"]["suspend"] is False, 20, what="the RayJob resumed")
+
+
 def test_a_launched_rayjob_that_disappears_is_lost_not_restarted(kube: Kube, operator) -> None:
     kube.pvc()
     kube.create(TJ, sample("gone"))

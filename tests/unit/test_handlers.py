@@ -45,7 +45,7 @@ def test_a_reconcile_still_queued_for_a_thread_is_dropped_when_the_operator_stop
 
     handler = handlers.in_thread(reconcile)
     assert invocation.is_async_fn(handler) and handler.__name__ == "reconcile"
-    assert invocation.is_async_fn(handlers.trainingjob_changed)
+    assert invocation.is_async_fn(handlers.trainingjob_event)
 
     async def stop_with_a_backlog() -> None:
         running = asyncio.create_task(handler(name="running"))
@@ -222,14 +222,35 @@ def test_kopfs_diffbase_is_kept_packed_in_memory_and_forgotten_with_the_object()
 
     from rayship import handlers
 
+    from rayship import api
+
     store = handlers.MemoryDiffBase(prefix="test.rayship.dev")
-    body = kopf.Body({"metadata": {"uid": "u1", "name": "tj"}, "spec": {"epochs": 3}})
-    essence = cast(kopf.BodyEssence, {"spec": {"epochs": 3}, "metadata": {"labels": {"a": "b"}}})
+    ms = {"apiVersion": api.API_VERSION, "kind": "ModelService", "metadata": {"uid": "u1", "name": "ms"}}
+    body = kopf.Body({**ms, "spec": {"routePrefix": "/a"}, "status": {"phase": "Ready"}})
+    essence = cast(kopf.BodyEssence, {"spec": {"routePrefix": "/a"}, "metadata": {"labels": {"a": "b"}}})
+    assert store.build(body=body) == {"spec": {"routePrefix": "/a"}}  # kopf's essence: no status
     store.store(body=body, patch=kopf.Patch(), essence=essence)
     assert isinstance(store.essences["u1"], bytes)
     assert store.fetch(body=body) == essence
     store.forget("u1")
     assert store.fetch(body=body) is None  # and no annotation on the object: nothing to diff against
+
+
+@pytest.mark.parametrize(
+    ("api_version", "kind"),
+    [("rayship.dev/v1alpha1", "TrainingJob"), ("ray.io/v1", "RayJob"), ("v1", "Namespace"),
+     ("example.com/v1", "ModelService")],
+)  # fmt: skip
+def test_kopf_builds_no_essence_of_a_kind_without_change_handlers(api_version: str, kind: str) -> None:
+    """kopf diffs every event's essence; only ModelServices have change handlers to give it to."""
+    import kopf
+
+    from rayship import handlers
+
+    store = handlers.MemoryDiffBase(prefix="test.rayship.dev")
+    body = kopf.Body({"apiVersion": api_version, "kind": kind, "metadata": {"uid": "u2"}, "spec": {"a": 1}})
+    store.store(body=body, patch=kopf.Patch(), essence=cast(kopf.BodyEssence, {"spec": {"a": 1}}))
+    assert store.build(body=body) is None and store.fetch(body=body) is None
 
 
 @pytest.mark.parametrize(
@@ -269,3 +290,41 @@ def test_a_queued_reconcile_is_queued_again_after_a_failure_as_kopf_would_retry_
     handlers._reconcile_queued(("ns", "job"), True)
     assert calls == [("ns", "job")]
     assert again == ([] if again_in is None else [(("ns", "job"), again_in, True)])
+
+
+def test_a_trainingjob_is_queued_when_first_seen_and_when_its_spec_changes(monkeypatch) -> None:
+    """The TrainingJob event handler's filter: a job new to the operator (created, or listed at
+    start-up) or with a new metadata.generation (a spec change) is queued with its RayJob read afresh;
+    an event of a status write (the operator's own among them) keeps the generation and queues nothing;
+    a deleted job is forgotten, so one created again under its name is queued."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from rayship import handlers
+
+    queued: list[tuple[tuple[str, str], bool]] = []
+    for name, value in [("_queued_generation", {}), ("_trainingjobs", set()), ("_reconciled", {}),
+                        ("_watched", {}), ("_terminating", {}), ("_kopf_context", None)]:  # fmt: skip
+        monkeypatch.setattr(handlers, name, value)
+    monkeypatch.setattr(handlers.TRAINING_QUEUE, "add", lambda key, fresh=False: queued.append((key, fresh)))
+
+    def event(kind: str | None, name: str, generation: int | None) -> None:
+        meta = {} if generation is None else {"generation": generation}
+        views = {"trainingjobs_seen": {}, "rayjobs_seen": {}, "namespaces_terminating": {}}
+        asyncio.run(
+            handlers.trainingjob_event(
+                type=kind, namespace="ns", name=name, uid=None, meta=meta, services_by_trainingjob={},
+                memo=SimpleNamespace(config=None), **views,
+            )
+        )  # fmt: skip
+
+    for kind, generation in [(None, 1), ("MODIFIED", 1), ("MODIFIED", 1), ("MODIFIED", 2), ("MODIFIED", 2)]:
+        event(kind, "job", generation)
+    assert queued == [(("ns", "job"), True)] * 2
+    event("DELETED", "job", 2)
+    assert handlers._queued_generation == {} and handlers._trainingjobs == set()
+    event("ADDED", "job", 1)  # created again under the same name
+    event("ADDED", "other", None)  # no generation (not from an API server): queued once
+    event("MODIFIED", "other", None)
+    assert queued == [(("ns", "job"), True)] * 3 + [(("ns", "other"), True)]
+    assert handlers._queued_generation == {("ns", "job"): 1, ("ns", "other"): None}
