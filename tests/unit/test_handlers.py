@@ -220,9 +220,7 @@ def test_a_kept_object_is_trimmed_packed_and_read_back_as_a_fresh_copy() -> None
 def test_kopfs_diffbase_is_kept_packed_in_memory_and_forgotten_with_the_object() -> None:
     import kopf
 
-    from rayship import handlers
-
-    from rayship import api
+    from rayship import api, handlers
 
     store = handlers.MemoryDiffBase(prefix="test.rayship.dev")
     ms = {"apiVersion": api.API_VERSION, "kind": "ModelService", "metadata": {"uid": "u1", "name": "ms"}}
