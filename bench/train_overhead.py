@@ -333,7 +333,7 @@ def measured(
 ) -> Measurement:
     """Time `fit(run_dir, metrics_path)` (a training run that appends a record per report to
     metrics_path; it returns the final loss) from outside, each record stamped on arrival."""
-    run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=_TMP))
+    run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=_TMP or None))  # imported: the system's
     metrics = run_dir / "metrics.json"
     clock = ReportClock(metrics)
     clock.start()
