@@ -290,39 +290,41 @@ def test_a_queued_reconcile_is_queued_again_after_a_failure_as_kopf_would_retry_
     assert again == ([] if again_in is None else [(("ns", "job"), again_in, True)])
 
 
-def test_a_trainingjob_is_queued_when_first_seen_and_when_its_spec_changes(monkeypatch) -> None:
-    """The TrainingJob event handler's filter: a job new to the operator (created, or listed at
-    start-up) or with a new metadata.generation (a spec change) is queued with its RayJob read afresh;
-    an event of a status write (the operator's own among them) keeps the generation and queues nothing;
-    a deleted job is forgotten, so one created again under its name is queued."""
+def test_a_trainingjob_is_queued_while_its_status_does_not_reflect_its_spec(monkeypatch) -> None:
+    """The TrainingJob event handler's filter: a job whose status.observedGeneration is not its
+    metadata.generation (new: no status yet; or its spec changed) is queued with its RayJob read
+    afresh; an event of a status write that reflects the spec (the operator's own, the workload's
+    progress) queues nothing; a deleted job is forgotten."""
     import asyncio
     from types import SimpleNamespace
 
     from rayship import handlers
 
     queued: list[tuple[tuple[str, str], bool]] = []
-    for name, value in [("_queued_generation", {}), ("_trainingjobs", set()), ("_reconciled", {}),
-                        ("_watched", {}), ("_terminating", {}), ("_kopf_context", None)]:  # fmt: skip
+    for name, value in [("_trainingjobs", set()), ("_reconciled", {}), ("_watched", {}), ("_terminating", {}),
+                        ("_kopf_context", None)]:  # fmt: skip
         monkeypatch.setattr(handlers, name, value)
     monkeypatch.setattr(handlers.TRAINING_QUEUE, "add", lambda key, fresh=False: queued.append((key, fresh)))
 
-    def event(kind: str | None, name: str, generation: int | None) -> None:
-        meta = {} if generation is None else {"generation": generation}
+    def event(kind: str | None, generation: int, status: dict[str, object]) -> None:
         views = {"trainingjobs_seen": {}, "rayjobs_seen": {}, "namespaces_terminating": {}}
         asyncio.run(
             handlers.trainingjob_event(
-                type=kind, namespace="ns", name=name, uid=None, meta=meta, services_by_trainingjob={},
-                memo=SimpleNamespace(config=None), **views,
+                type=kind, namespace="ns", name="job", uid=None, meta={"generation": generation},
+                status=status, services_by_trainingjob={}, memo=SimpleNamespace(config=None), **views,
             )
         )  # fmt: skip
 
-    for kind, generation in [(None, 1), ("MODIFIED", 1), ("MODIFIED", 1), ("MODIFIED", 2), ("MODIFIED", 2)]:
-        event(kind, "job", generation)
-    assert queued == [(("ns", "job"), True)] * 2
-    event("DELETED", "job", 2)
-    assert handlers._queued_generation == {} and handlers._trainingjobs == set()
-    event("ADDED", "job", 1)  # created again under the same name
-    event("ADDED", "other", None)  # no generation (not from an API server): queued once
-    event("MODIFIED", "other", None)
-    assert queued == [(("ns", "job"), True)] * 3 + [(("ns", "other"), True)]
-    assert handlers._queued_generation == {("ns", "job"): 1, ("ns", "other"): None}
+    event("ADDED", 1, {})  # created: no status yet
+    assert queued == [(("ns", "job"), True)] and handlers._trainingjobs == {("ns", "job")}
+    event("MODIFIED", 1, {"phase": "Pending", "observedGeneration": 1})  # the operator's status write
+    event("MODIFIED", 1, {"phase": "Running", "observedGeneration": 1, "progress": {"epoch": 1}})
+    event(None, 1, {"phase": "Running", "observedGeneration": 1})  # listed at start-up, up to date
+    assert len(queued) == 1
+    event("MODIFIED", 2, {"phase": "Running", "observedGeneration": 1})  # a spec change
+    event("MODIFIED", 2, {"phase": "Running", "observedGeneration": 1, "progress": {"epoch": 2}})
+    assert queued == [(("ns", "job"), True)] * 3  # until a status reflects generation 2
+    event(None, 3, {"phase": "Running", "observedGeneration": 2})  # changed while no operator ran
+    assert len(queued) == 4
+    event("DELETED", 3, {"phase": "Running", "observedGeneration": 3})
+    assert handlers._trainingjobs == set() and len(queued) == 4
