@@ -42,25 +42,26 @@ def _compare(a: str, b: str) -> int:
     return (x > y) - (x < y)
 
 
+def _method(name: str, result: Any, impl: Any) -> Any:
+    """A method of the quantity library, declared on strings (see FUNCTIONS)."""
+    overload = cel.Overload(
+        f"quantity_{name}", result, [cel.Type.STRING, cel.Type.STRING], is_member=True, impl=impl
+    )
+    return cel.FunctionDecl(name, [overload])
+
+
 # The quantity library (Kubernetes >= 1.29), as the API server offers it:
 # `quantity('16Gi').compareTo(quantity('64Mi'))`. cel-expr-python cannot hand an opaque value from a
 # Python function back to CEL, so a quantity is carried as its checked text (exact, where a double or
 # an int64 could not hold 8Ei) and its methods are declared on strings: rayship's rules are the only
 # ones evaluated here, and the API server type-checks every one of them with the real library.
-_METHODS = {
-    "compareTo": (cel.Type.INT, _compare),
-    "isGreaterThan": (cel.Type.BOOL, lambda a, b: _compare(a, b) > 0),
-    "isLessThan": (cel.Type.BOOL, lambda a, b: _compare(a, b) < 0),
-}
-_STRING = cel.Type.STRING
 FUNCTIONS = [
-    cel.FunctionDecl("quantity", [cel.Overload("quantity_string", _STRING, [_STRING], impl=_quantity)]),
-    *(
-        cel.FunctionDecl(
-            name, [cel.Overload(f"quantity_{name}", result, [_STRING, _STRING], is_member=True, impl=impl)]
-        )
-        for name, (result, impl) in _METHODS.items()
+    cel.FunctionDecl(
+        "quantity", [cel.Overload("quantity_string", cel.Type.STRING, [cel.Type.STRING], impl=_quantity)]
     ),
+    _method("compareTo", cel.Type.INT, _compare),
+    _method("isGreaterThan", cel.Type.BOOL, lambda a, b: _compare(a, b) > 0),
+    _method("isLessThan", cel.Type.BOOL, lambda a, b: _compare(a, b) < 0),
 ]
 
 
