@@ -21,9 +21,9 @@ CLI (separate processes, --runs runs each, interleaved so load changes hit every
 min in brackets):
 
   python -c pass     the interpreter's own start-up (baseline)
-  bare imports       `import yaml; from cel_expr_python import cel; from pydantic import BaseModel`: the
-                     third-party libraries
-                     the render path cannot do without, nothing of rayship's (baseline)
+  bare imports       `import yaml; from cel_expr_python import cel; from pydantic import BaseModel`:
+                     the third-party libraries the render path cannot do without, nothing of
+                     rayship's (baseline)
   rayship render     render_cli_s: `<venv>/bin/rayship render -f FILE > /dev/null`, after one warm-up
                      run; the first run is shown separately.
                      As on a laptop, no `RAYSHIP_*` setting is in the environment: with one, rayship.config
