@@ -25,6 +25,13 @@ waited for) before the next phase; the last one (N TrainingJobs) is not waited f
                   all given at once, per job from then until its RayJob create is answered (p99);
                   then N jobs, time until the last is answered. Not a goal's baseline: it says how
                   far from the API server's own limit the operator is.
+  every write     N TrainingJobs (suspended) created by a client with as many threads as the
+                  operator has workers, each followed by every write its life up to its RayJob needs:
+                  what rayship plans for it (ServiceAccount, RoleBinding, RayJob, owned), one status
+                  write and one Event; no operator runs, nothing is watched or read. Time until the
+                  last is answered, ÷ raw RayJobs: the goal's ratio for an operator no costlier than
+                  this client. The N TrainingJobs' all-done is printed ÷ this too: what the operator
+                  (kopf, its watches, its extra status writes) adds to the design's own writes.
   burst           --burst TrainingJobs (suspended) created at once by the same threads; per job, from
                   its create request sent to its RayJob seen by a watch: p50/p99/max. First, as the
                   baselines get, 20 untimed warm-up TrainingJobs, each waited for until it has its
@@ -48,9 +55,9 @@ waited for) before the next phase; the last one (N TrainingJobs) is not waited f
                   exists; rayship's added time = the difference. A small N: 1000 RayClusters (3000
                   kwok pods) are too heavy for a 2-core machine shared with the rest.
 
-The phases run in the order raw RayJobs, burst, KubeRay alone, N TrainingJobs. Timing is on this
-machine's monotonic clock; the watches run in this process. Prints tables and
-ends with one RESULT line per figure; never fails on the goals.
+The phases run in the order raw RayJobs, floor, every write, burst, KubeRay alone, N TrainingJobs.
+Timing is on this machine's monotonic clock; the watches run in this process. Prints tables and ends
+with one RESULT line per figure; never fails on the goals.
 """
 
 from __future__ import annotations
