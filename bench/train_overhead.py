@@ -3,7 +3,7 @@ on the same model and data, and vs a plain PyTorch loop per core.
 
     flock /tmp/rayship-ray.lock .venv/bin/python bench/train_overhead.py [--epochs 5] [--samples 8192]
         [--batch 64] [--features 256] [--hidden 2048 1408] [--workers 1 2]
-        [--bound-batch 1024] [--bound-samples 32768] [--bound-epochs 5]
+        [--bound-batch 1024] [--bound-samples 32768] [--bound-epochs 5] [--repeats 2]
 
 Questions: how much does the built-in `mlp` recipe (the product: Ray Data shards, DDP, a report and a
 signed checkpoint every epoch, the export) cost against the TorchTrainer a user would write by hand
@@ -42,6 +42,12 @@ splits the CPU used into the training processes' and the rest's (Ray's own proce
             (what local mode's reporter does, without its terminal lines)
             on a local Ray started once (4 logical CPUs; each worker reserves 1 CPU, Ray runs it with
             one torch thread). Every run gets its own storage directory, so nothing is resumed.
+
+Repeats (--repeats 2): at the most workers (default and compute-bound), rayship and the hand-written
+TorchTrainer run --repeats times each, in ABBA order (rayship, hand-written, hand-written, rayship, ...),
+each run's figures printed as it ends; their rows pool the runs (the mean of each duration). Two runs of
+the same configuration here differ by up to ~10% in steady samples/s; the order spreads a drift of the
+machine's speed over both sides.
 
 Two figures per configuration (samples = rows processed by all workers together):
 
@@ -83,6 +89,7 @@ import logging
 import os
 import shutil
 import socket
+import statistics
 import tempfile
 import threading
 import time
@@ -118,6 +125,7 @@ GOAL = 0.8  # Ray Train DDP per core / plain PyTorch
 GOAL_STEADY, GOAL_E2E = 0.95, 0.9  # rayship / hand-written TorchTrainer
 POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 PRODUCT = "rayship (train.train)"  # read by the Ray Train controller actor at startup
+HANDWRITTEN = "hand-written TorchTrainer"
 
 
 @dataclass
@@ -363,6 +371,50 @@ def measured(
     )
 
 
+def pooled(runs: list[Measurement], args: argparse.Namespace) -> Measurement:
+    """Runs of one configuration as one row: the mean of each duration (the rates are the mean run's)
+    and of each core count."""
+
+    def mean(field: Callable[[Measurement], float]) -> float:
+        return statistics.fmean(field(m) for m in runs)
+
+    epoch_s, wall = mean(lambda m: m.epoch_s), mean(lambda m: m.wall_s)
+    first = runs[0]
+    return Measurement(
+        name=first.name,
+        workers=first.workers,
+        cores=first.cores,
+        steady=args.samples / epoch_s,
+        end_to_end=args.epochs * args.samples / wall,
+        wall_s=wall,
+        first_epoch_s=mean(lambda m: m.first_epoch_s),
+        epoch_s=epoch_s,
+        busy_cores=mean(lambda m: m.busy_cores),
+        worker_cores=mean(lambda m: m.worker_cores),
+        loss=first.loss,
+    )
+
+
+def paired(workers: int, args: argparse.Namespace, label: str = "") -> list[Measurement]:
+    """rayship and the hand-written TorchTrainer, `args.repeats` runs each in ABBA order (a drift of
+    the machine's speed during the runs falls on both alike): each configuration's pooled row."""
+    runs: dict[str, list[Measurement]] = {PRODUCT: [], HANDWRITTEN: []}
+    order = [PRODUCT, HANDWRITTEN]
+    for i in range(args.repeats):
+        for name in order if i % 2 == 0 else order[::-1]:
+            print(
+                f"{label}{name}: {workers} worker(s), {args.epochs} epochs, run {len(runs[name]) + 1} ...",
+                flush=True,
+            )
+            m = ray_train(workers, args, name) if name == PRODUCT else handwritten(workers, args)
+            runs[name].append(m)
+            print(
+                f"  steady {m.steady:,.0f} samples/s ({m.epoch_s:.3f} s/epoch), end-to-end {m.end_to_end:,.0f}",
+                flush=True,
+            )
+    return [pooled(runs[name], args) for name in order]
+
+
 def final_loss(metrics: dict[str, Any] | None) -> float | None:
     loss = (metrics or {}).get("loss")
     return float(loss) if isinstance(loss, int | float) else None
@@ -449,7 +501,7 @@ def handwritten(workers: int, args: argparse.Namespace) -> Measurement:
         )
         return final_loss(trainer.fit().metrics)
 
-    return measured("hand-written TorchTrainer", workers, args, fit)
+    return measured(HANDWRITTEN, workers, args, fit)
 
 
 def start_ray() -> None:
@@ -497,7 +549,7 @@ def results_lines(results: list[Measurement], args: argparse.Namespace) -> list[
     base = results[0]
     most = max(args.workers)
     ours = next(m for m in results if m.name == PRODUCT and m.workers == most)
-    theirs = next(m for m in results if m.name == "hand-written TorchTrainer" and m.workers == most)
+    theirs = next(m for m in results if m.name == HANDWRITTEN and m.workers == most)
     return [
         f"RESULT train_rayship_over_raytrain_steady={ours.steady / theirs.steady:.3f}",
         f"RESULT train_rayship_over_raytrain_e2e={ours.end_to_end / theirs.end_to_end:.3f}",
@@ -658,12 +710,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bound-samples", type=int, default=32768, help="rows, compute-bound rows")
     parser.add_argument("--bound-epochs", type=int, default=5, help="epochs, compute-bound rows (>= 2)")
     parser.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="runs each of rayship and the hand-written TorchTrainer at the most workers, in ABBA order "
+        "(default 2; their rows pool the runs)",
+    )
+    parser.add_argument(
         "--diagnostic-poll",
         type=float,
         default=0.0,
         help=f"rerun the Ray configurations with {POLL_ENV} set to this (seconds; default 0: skip)",
     )
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
     if args.epochs < 2 or (args.bound_batch and args.bound_epochs < 2):
         parser.error(
             "--epochs and --bound-epochs must be >= 2 (the steady figure leaves the first epoch out)"
@@ -709,16 +770,16 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ[POLL_ENV] = f"{poll:g}"  # inherited by the raylet and the controller actor
             start_ray()
             for workers in args.workers:
+                if poll is None and workers == most:
+                    results.extend(paired(workers, args))
+                    continue
                 print(f"{name}: {workers} worker(s), {args.epochs} epochs ...", flush=True)
                 results.append(ray_train(workers, args, name))
                 if poll is None:
-                    print(f"hand-written TorchTrainer: {workers} worker(s) ...", flush=True)
+                    print(f"{HANDWRITTEN}: {workers} worker(s) ...", flush=True)
                     results.append(handwritten(workers, args))
             if poll is None and args.bound_batch:
-                print(f"compute-bound (batch {args.bound_batch}): {name}, {most} workers ...", flush=True)
-                bound_rows.append(ray_train(most, bound, name))
-                print(f"compute-bound (batch {args.bound_batch}): hand-written TorchTrainer ...", flush=True)
-                bound_rows.append(handwritten(most, bound))
+                bound_rows.extend(paired(most, bound, f"compute-bound (batch {args.bound_batch}): "))
         report(results, args, poll_s)
         if bound_rows:
             report_bound(bound_rows, bound)
