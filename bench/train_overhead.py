@@ -3,7 +3,7 @@ on the same model and data, and vs a plain PyTorch loop per core.
 
     flock /tmp/rayship-ray.lock .venv/bin/python bench/train_overhead.py [--epochs 5] [--samples 8192]
         [--batch 64] [--features 256] [--hidden 2048 1408] [--workers 1 2]
-        [--bound-batch 1024] [--bound-samples 32768] [--bound-epochs 5] [--repeats 2]
+        [--bound-batch 1024] [--bound-samples 32768] [--bound-epochs 5] [--repeats 3]
 
 Questions: how much does the built-in `mlp` recipe (the product: Ray Data shards, DDP, a report and a
 signed checkpoint every epoch, the export) cost against the TorchTrainer a user would write by hand
@@ -43,11 +43,14 @@ splits the CPU used into the training processes' and the rest's (Ray's own proce
             on a local Ray started once (4 logical CPUs; each worker reserves 1 CPU, Ray runs it with
             one torch thread). Every run gets its own storage directory, so nothing is resumed.
 
-Repeats (--repeats 2): at the most workers (default and compute-bound), rayship and the hand-written
+Repeats (--repeats 3): at the most workers (default and compute-bound), rayship and the hand-written
 TorchTrainer run --repeats times each, in ABBA order (rayship, hand-written, hand-written, rayship, ...),
-each run's figures printed as it ends; their rows pool the runs (the mean of each duration). Two runs of
-the same configuration here differ by up to ~10% in steady samples/s; the order spreads a drift of the
-machine's speed over both sides.
+each run's figures printed as it ends; their rows take the median of each duration. Runs of the same
+configuration here took from 2.9 to 3.55 s per steady epoch (on either side, in 18 runs): with one
+run each, the ratio moved by up to 15% between benchmark runs; the order spreads a drift of the
+machine's speed over both sides. (A py-spy profile of both sides' workers: the same forward, backward and optimizer shares;
+rayship's one systematic extra is its checkpoint, model and optimizer state saved and signed on rank 0
+while rank 1 waits in the report, ~2.5% of the steady time.)
 
 Two figures per configuration (samples = rows processed by all workers together):
 
@@ -372,13 +375,13 @@ def measured(
 
 
 def pooled(runs: list[Measurement], args: argparse.Namespace) -> Measurement:
-    """Runs of one configuration as one row: the mean of each duration (the rates are the mean run's)
-    and of each core count."""
+    """Runs of one configuration as one row: the median of each duration (the rates are the median
+    run's: one run in a slow spell of the machine moves it little) and of each core count."""
 
-    def mean(field: Callable[[Measurement], float]) -> float:
-        return statistics.fmean(field(m) for m in runs)
+    def median(field: Callable[[Measurement], float]) -> float:
+        return statistics.median(field(m) for m in runs)
 
-    epoch_s, wall = mean(lambda m: m.epoch_s), mean(lambda m: m.wall_s)
+    epoch_s, wall = median(lambda m: m.epoch_s), median(lambda m: m.wall_s)
     first = runs[0]
     return Measurement(
         name=first.name,
@@ -387,10 +390,10 @@ def pooled(runs: list[Measurement], args: argparse.Namespace) -> Measurement:
         steady=args.samples / epoch_s,
         end_to_end=args.epochs * args.samples / wall,
         wall_s=wall,
-        first_epoch_s=mean(lambda m: m.first_epoch_s),
+        first_epoch_s=median(lambda m: m.first_epoch_s),
         epoch_s=epoch_s,
-        busy_cores=mean(lambda m: m.busy_cores),
-        worker_cores=mean(lambda m: m.worker_cores),
+        busy_cores=median(lambda m: m.busy_cores),
+        worker_cores=median(lambda m: m.worker_cores),
         loss=first.loss,
     )
 
@@ -712,9 +715,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeats",
         type=int,
-        default=2,
+        default=3,
         help="runs each of rayship and the hand-written TorchTrainer at the most workers, in ABBA order "
-        "(default 2; their rows pool the runs)",
+        "(default 3; their rows take the median run)",
     )
     parser.add_argument(
         "--diagnostic-poll",
