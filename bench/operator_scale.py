@@ -255,13 +255,15 @@ def reconcile_by_hand(client: kubernetes.client.ApiClient, namespace: str, bodie
     custom = kubernetes.client.CustomObjectsApi(client)
     core = kubernetes.client.CoreV1Api(client)
     config = OperatorConfig()
+    posting = kopf.OperatorSettings().posting  # the operator keeps kopf's defaults for these
 
     def one(body: dict[str, Any]) -> float:
         obj = custom.create_namespaced_custom_object(
             *api.TRAININGJOBS[:2], namespace, api.TRAININGJOBS[2], body
         )
         todo = trainingjob.plan(obj, None, [], config)
-        assert todo.create is not None and todo.on_create is not None, todo
+        if todo.create is None or todo.on_create is None:
+            raise RuntimeError(f"rayship planned no RayJob for {obj['metadata']['name']}: {todo}")
         owner = kopf.Body(obj)
         for prerequisite in todo.prerequisites:
             kopf.adopt(prerequisite, owner=owner)
@@ -278,9 +280,10 @@ def reconcile_by_hand(client: kubernetes.client.ApiClient, namespace: str, bodie
         now = datetime.now(UTC).isoformat()
         event = todo.on_create
         core.create_namespaced_event(namespace, {
-            "metadata": {"namespace": namespace, "generateName": "kopf-event-"},
+            "metadata": {"namespace": namespace, "generateName": posting.event_name_prefix},
             "action": "Action?", "type": event.type, "reason": event.reason, "message": event.message,
-            "reportingComponent": "kopf", "reportingInstance": "dev", "source": {"component": "kopf"},
+            "reportingComponent": posting.reporting_component, "reportingInstance": posting.reporting_instance,
+            "source": {"component": posting.reporting_component},
             "involvedObject": {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
                                "uid": obj["metadata"]["uid"], "namespace": namespace},
             "firstTimestamp": now, "lastTimestamp": now, "eventTime": now,
