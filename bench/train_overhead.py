@@ -48,9 +48,9 @@ TorchTrainer run --repeats times each, in ABBA order (rayship, hand-written, han
 each run's figures printed as it ends; their rows take the median of each duration. Runs of the same
 configuration here took from 2.9 to 3.55 s per steady epoch (on either side, in 18 runs): with one
 run each, the ratio moved by up to 15% between benchmark runs; the order spreads a drift of the
-machine's speed over both sides. (A py-spy profile of both sides' workers: the same forward, backward and optimizer shares;
-rayship's one systematic extra is its checkpoint, model and optimizer state saved and signed on rank 0
-while rank 1 waits in the report, ~2.5% of the steady time.)
+machine's speed over both sides. (A py-spy profile of both sides' workers: the same forward,
+backward and optimizer shares; rayship's one systematic extra is its checkpoint, model and optimizer
+state saved and signed on rank 0 while rank 1 waits in the report, ~2.5% of the steady time.)
 
 Two figures per configuration (samples = rows processed by all workers together):
 
