@@ -225,23 +225,36 @@ def raw_rayjobs(namespace: str, count: int, prefix: str, suspend: bool) -> list[
     return [objects[-1] for objects in rendered_objects(namespace, count, prefix, suspend)]
 
 
-def create_per_job(client: kubernetes.client.ApiClient, namespace: str, jobs: list[list[dict[str, Any]]],
-                   threads: int) -> tuple[float, list[float]]:  # fmt: skip
-    """Each job's objects in order (one thread per job at a time), `threads` jobs at once: (the
-    monotonic time all jobs were given, each job's last create answered)."""
+def create_objects(client: kubernetes.client.ApiClient, namespace: str,
+                   objects: list[dict[str, Any]]) -> dict[str, Any] | None:  # fmt: skip
+    """Create the objects in order; the RayJob among them as stored (None without one)."""
     custom = kubernetes.client.CustomObjectsApi(client)
+    rayjob = None
+    for obj in objects:
+        if obj["kind"] == "RayJob":
+            rayjob = custom.create_namespaced_custom_object(*api.RAYJOBS[:2], namespace, api.RAYJOBS[2], obj)
+        else:
+            kubernetes.utils.create_from_dict(client, obj, namespace=namespace)
+    return rayjob
 
-    def create(objects: list[dict[str, Any]]) -> float:
-        for obj in objects:
-            if obj["kind"] == "RayJob":
-                custom.create_namespaced_custom_object(*api.RAYJOBS[:2], namespace, api.RAYJOBS[2], obj)
-            else:
-                kubernetes.utils.create_from_dict(client, obj, namespace=namespace)
+
+def each_at_once(work: Callable[[Any], object], items: list[Any], threads: int) -> tuple[float, list[float]]:
+    """`work` on every item, `threads` at once: (the monotonic time all were given, when each ended)."""
+
+    def timed(item: Any) -> float:
+        work(item)
         return time.monotonic()
 
     given = time.monotonic()
     with ThreadPoolExecutor(threads) as pool:
-        return given, list(pool.map(create, jobs))
+        return given, list(pool.map(timed, items))
+
+
+def create_per_job(client: kubernetes.client.ApiClient, namespace: str, jobs: list[list[dict[str, Any]]],
+                   threads: int) -> tuple[float, list[float]]:  # fmt: skip
+    """Each job's objects in order (one thread per job at a time), `threads` jobs at once: (the
+    monotonic time all jobs were given, each job's last create answered)."""
+    return each_at_once(lambda objects: create_objects(client, namespace, objects), jobs, threads)
 
 
 def reconcile_by_hand(client: kubernetes.client.ApiClient, namespace: str, bodies: list[dict[str, Any]],
@@ -257,21 +270,16 @@ def reconcile_by_hand(client: kubernetes.client.ApiClient, namespace: str, bodie
     config = OperatorConfig()
     posting = kopf.OperatorSettings().posting  # the operator keeps kopf's defaults for these
 
-    def one(body: dict[str, Any]) -> float:
+    def one(body: dict[str, Any]) -> None:
         obj = custom.create_namespaced_custom_object(
             *api.TRAININGJOBS[:2], namespace, api.TRAININGJOBS[2], body
         )
         todo = trainingjob.plan(obj, None, [], config)
         if todo.create is None or todo.on_create is None:
             raise RuntimeError(f"rayship planned no RayJob for {obj['metadata']['name']}: {todo}")
-        owner = kopf.Body(obj)
-        for prerequisite in todo.prerequisites:
-            kopf.adopt(prerequisite, owner=owner)
-            kubernetes.utils.create_from_dict(client, prerequisite, namespace=namespace)
-        kopf.adopt(todo.create, owner=owner)
-        rayjob = custom.create_namespaced_custom_object(
-            *api.RAYJOBS[:2], namespace, api.RAYJOBS[2], todo.create
-        )
+        objects = [*todo.prerequisites, todo.create]
+        kopf.adopt(objects, owner=kopf.Body(obj))
+        rayjob = create_objects(client, namespace, objects)
         status = owned_changes({}, trainingjob.status(obj, rayjob, todo, [], datetime.now(UTC)))
         patch = {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": status}
         custom.patch_namespaced_custom_object_status(
@@ -288,11 +296,8 @@ def reconcile_by_hand(client: kubernetes.client.ApiClient, namespace: str, bodie
                                "uid": obj["metadata"]["uid"], "namespace": namespace},
             "firstTimestamp": now, "lastTimestamp": now, "eventTime": now,
         })  # fmt: skip
-        return time.monotonic()
 
-    given = time.monotonic()
-    with ThreadPoolExecutor(threads) as pool:
-        return given, list(pool.map(one, bodies))
+    return each_at_once(one, bodies, threads)
 
 
 def wait_quiet(log: Path, seconds: float, timeout: float) -> float:
