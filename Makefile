@@ -114,10 +114,17 @@ test-chart: setup ## helm lint/template, strict validation for Kubernetes 1.30-1
 KIND_CLUSTER := rayship
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' operator/rayship/__init__.py)
 
-images: ## build the operator image and the workload image (GPU, and -cpu for kind)
-	docker build -f operator/Dockerfile -t rayship/rayship-operator:$(VERSION) .
-	docker build -f workloads/Dockerfile -t rayship/rayship-workloads:$(VERSION)-gpu .
-	docker build -f workloads/Dockerfile --build-arg RAY_IMAGE=rayproject/ray:2.60.0-py311 -t rayship/rayship-workloads:$(VERSION)-cpu .
+# `make images` needs no registry: images/build.py runs Debian's dockerd and containerd for the build
+# only, on stand-in bases made from Debian's packages (mmdebstrap), and keeps each image as a `docker
+# save` archive (for `ctr -n k8s.io images import`) in $(RAYSHIP_CACHE)/images, rebuilt when an input
+# changes. The packages are pinned (sorted by name: dpkg-query lists them so); none starts a service.
+IMAGE_DEBS := containerd=1.6.20~ds1-1+deb12u3 docker.io=20.10.24+dfsg1-1+deb12u1+b6 mmdebstrap=1.3.5-7 runc=1.1.5+ds1-1+deb12u1
+
+images: ## build the operator image and the CPU workload image, no registry needed (archives in ~/.cache/rayship/images)
+	@if [ "$$(dpkg-query -W -f='$${Package}=$${Version} ' $(foreach d,$(IMAGE_DEBS),$(firstword $(subst =, ,$(d)))) 2>/dev/null)" != "$(IMAGE_DEBS) " ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(IMAGE_DEBS); \
+	fi
+	python3 images/build.py
 
 kind-up: setup images ## kind cluster + images + KubeRay 1.7.0 + rayship (from the chart)
 	kind create cluster --name $(KIND_CLUSTER)
