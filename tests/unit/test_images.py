@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from images import build as image_build
 from rayship import __version__, cli, modelservice, trainingjob
 from rayship.config import OperatorConfig
 
@@ -559,3 +561,76 @@ def test_make_test_runs_every_tier_once() -> None:
         f"tests/{d.name}" for d in (REPO / "tests").iterdir() if d.is_dir() and any(d.glob("test_*.py"))
     ]
     assert sorted(named) == sorted(folders)
+
+
+# --- the registry-free build (images/build.py, `make images`) ------------------------------------
+
+
+@pytest.mark.parametrize("image", image_build.images(), ids=lambda i: i.name)
+def test_build_args_are_declared(image: image_build.Image) -> None:
+    """Every build arg images/build.py passes is an ARG of the Dockerfile, and the base one is what
+    FROM reads: Docker ignores an undeclared arg with a warning, so a renamed PYTHON_IMAGE would build
+    on the real base image (a registry pull) instead of the stand-in."""
+    df = Dockerfile.load(image.dockerfile)
+    declared = {i.value.partition("=")[0].strip() for i in df.all("ARG")}
+    passed = set(image.build_args("http://127.0.0.1:1/"))
+    assert passed <= declared, f"{df.path}: no ARG for {sorted(passed - declared)}"
+    assert [i.value for i in df.all("FROM")] == [f"${{{image.base_arg}}}"], df.all("FROM")
+
+
+@pytest.mark.parametrize("path", [OPERATOR_DOCKERFILE, WORKLOADS_DOCKERFILE], ids=lambda p: p.parent.name)
+def test_wheelhouse_args_have_no_default(path: Path) -> None:
+    """A user's build installs from the package index: the wheelhouse args are unset unless given."""
+    args = {i.value for i in Dockerfile.load(path).all("ARG") if i.value.startswith("PIP_")}
+    assert args == {"PIP_FIND_LINKS", "PIP_NO_INDEX"}, f"{path}: {args}"
+
+
+def test_built_refs_are_the_operator_version() -> None:
+    """The archives hold the images the chart and the CPU samples name, as containerd names them."""
+    assert sorted(image_build.archives()) == [
+        f"docker.io/rayship/rayship-operator:{__version__}",
+        f"docker.io/rayship/rayship-workloads:{__version__}-cpu",
+    ]
+
+
+def test_standin_and_wheelhouse_pins() -> None:
+    """The Ray stand-in carries the pinned Ray (as the upstream base image does, so pip keeps it);
+    the wheelhouse holds the DeepSpeed that `make setup` and the Dockerfile install."""
+    assert image_build.ray_standin().args["RAY_PIN"] == f"ray[default]=={pyproject_pins()['ray']}"
+    steps = [requirement for step in image_build.wheelhouse_steps() for requirement in step]
+    assert makefile_variable("DEEPSPEED") in steps
+    assert f"torch=={pyproject_pins()['torch']}" in steps
+
+
+def test_archive_name_follows_the_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An edit to a file the Dockerfile copies renames the archive (a rebuild); what .dockerignore
+    leaves out (a __pycache__) does not."""
+    for name in ("pyproject.toml", "README.md", ".dockerignore"):
+        shutil.copy(REPO / name, tmp_path / name)
+    shutil.copytree(REPO / "operator", tmp_path / "operator", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(image_build, "REPO", tmp_path)
+    monkeypatch.setenv("RAYSHIP_CACHE", str(tmp_path / "cache"))
+
+    def operator_archive() -> Path:
+        (image,) = [i for i in image_build.images() if i.name == "rayship-operator"]
+        return image.archive()
+
+    before = operator_archive()
+    assert before.parent == tmp_path / "cache" / "images"
+    (tmp_path / "operator" / "rayship" / "__pycache__").mkdir(exist_ok=True)
+    (tmp_path / "operator" / "rayship" / "__pycache__" / "x.pyc").write_bytes(b"\0")
+    assert operator_archive() == before
+    source = tmp_path / "operator" / "rayship" / "cli.py"
+    source.write_text(source.read_text() + "# edited\n")
+    assert operator_archive() != before
+
+
+def test_print_lists_missing_archives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`images/build.py --print` names each ref and archive, and builds nothing."""
+    monkeypatch.setenv("RAYSHIP_CACHE", str(tmp_path))
+    assert image_build.main(["--print"]) == 0
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert [(ref, status) for ref, _, status in rows] == [(ref, "missing") for ref in image_build.archives()]
+    assert not (tmp_path / "images").exists()
