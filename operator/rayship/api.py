@@ -575,7 +575,8 @@ class WorkersSpec(ApiModel):
 
 
 class HeadSpec(ApiModel):
-    """The Ray head pod: coordinates the job and runs no training (num-cpus 0, no GPU)."""
+    """The Ray head pod: coordinates the cluster and runs no training or Serve replicas (num-cpus 0,
+    no GPU). A TrainingJob's and a ModelService's `spec.head`."""
 
     cel_rules: ClassVar = (cpu_rule("cpus"), memory_rule("memory"))
     cpus: float = Field(2, ge=0.001, le=1024, description="CPU cores for the head pod (at least 1m).")
@@ -1456,6 +1457,7 @@ class ModelServiceSpec(ApiModel):
     )
     replicas: ServeReplicas = sub(ServeReplicas, "Replica autoscaling.")
     resources: ServeResources = sub(ServeResources, "Resources per replica.")
+    head: HeadSpec = sub(HeadSpec, "Ray head pod (runs the Serve controller, no replicas).")
     batching: Batching = sub(Batching, "Request batching.")
     request_limits: RequestLimits = sub(
         RequestLimits, "Limits on one request (the built-in server: HTTP 413)."

@@ -16,7 +16,7 @@ import yaml
 from rayship import cli, modelservice
 from rayship.config import OperatorConfig
 from rayship.validation import SpecError, parse
-from tests.conftest import SAMPLES
+from tests.conftest import ROOT, SAMPLES
 from tools.kuberay_rules import rayservice_violations
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -149,6 +149,46 @@ def test_a_new_model_changes_only_serve_config() -> None:
     )
 
 
+def head_resources(rayservice: dict[str, Any]) -> dict[str, Any]:
+    (container,) = rayservice["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"]
+    return dict(container["resources"])
+
+
+def test_the_head_is_sized_by_spec_head_and_by_default_as_before() -> None:
+    default = rendered(SAMPLE)
+    assert head_resources(default) == {
+        "requests": {"cpu": "2", "memory": "8Gi"},
+        "limits": {"cpu": "2", "memory": "8Gi"},
+    }
+    doc = load()
+    doc["spec"]["head"] = {"cpus": 0.25, "memory": "1Gi"}
+    small = modelservice.desired_rayservice(parse(doc), CONFIG, URI)
+    assert head_resources(small) == {
+        "requests": {"cpu": "250m", "memory": "1Gi"},
+        "limits": {"cpu": "250m", "memory": "1Gi"},
+    }
+    # a new head is a cluster change (a new Ray cluster, per upgradeStrategy), not a Serve rollout
+    hash_key = "rayship.dev/cluster-config-hash"
+    assert small["metadata"]["annotations"][hash_key] != default["metadata"]["annotations"][hash_key]
+    assert small["spec"]["serveConfigV2"] == default["spec"]["serveConfigV2"]
+
+
+def test_crd_has_spec_head_as_the_trainingjob_has_it() -> None:
+    def spec_schema(plural: str) -> dict[str, Any]:
+        crd = yaml.safe_load((ROOT / "manifests" / "crds" / f"{plural}.rayship.dev.yaml").read_text())
+        return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+    head = spec_schema("modelservices")["properties"]["head"]
+    assert head["description"] == "Ray head pod (runs the Serve controller, no replicas)."
+    assert head["default"] == {"cpus": 2, "memory": "8Gi"}
+    assert head["properties"]["cpus"]["description"] == "CPU cores for the head pod (at least 1m)."
+    assert head["properties"]["memory"]["description"] == "Memory for the head pod."
+    trainingjob_head = spec_schema("trainingjobs")["properties"]["head"]
+    assert {k: v for k, v in head.items() if k != "description"} == {
+        k: v for k, v in trainingjob_head.items() if k != "description"
+    }
+
+
 def test_url() -> None:
     assert modelservice.service_url(parse(load())) == "http://mlp-serve-svc.default.svc:8000/mlp"
 
@@ -172,6 +212,10 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("zero-batch", {"batching": {"maxBatchSize": 0}}, "spec.batching.maxBatchSize"),
     ("bad-memory", {"resources": {"memory": "16GB"}}, "spec.resources.memory"),
     ("unknown-field", {"replica": 2}, "spec.replica"),
+    ("head-zero-cpus", {"head": {"cpus": 0}}, "spec.head.cpus"),
+    ("head-bad-memory", {"head": {"memory": "lots"}}, "spec.head.memory"),
+    ("head-cpus-below-1m", {"head": {"cpus": 0.0001}}, "spec.head.cpus"),
+    ("head-memory-below-64mi", {"head": {"memory": "100Ki"}}, "memory must be at least 64Mi"),
 ]
 
 
@@ -189,6 +233,24 @@ def test_bad_modelservice_is_rejected_by_cli_models_and_crd(
     assert cli.main(["render", "-f", str(path)]) == 1
     out, err = capsys.readouterr()
     assert out == "" and field in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("head", "line"),
+    [
+        ({"cpus": 0}, "spec.head.cpus: input should be greater than or equal to 0.001 (got 0)"),
+        ({"memory": "lots"}, "spec.head.memory: 'lots' is not valid: expected to match "),
+    ],
+    ids=["cpus-0", "memory-lots"],
+)
+def test_a_bad_head_is_refused_in_one_line_naming_the_field(head, line, tmp_path, capsys) -> None:
+    doc = load()
+    doc["spec"]["head"] = head
+    path = tmp_path / "ms.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert cli.main(["render", "-f", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"error: {path}: {line}") and len(err.splitlines()) == 1, err
 
 
 # --- resolution and planning -------------------------------------------------------------------
