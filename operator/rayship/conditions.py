@@ -93,6 +93,7 @@ STUCK_WAITING_REASONS = frozenset(
     {
         "ErrImagePull",
         "ImagePullBackOff",
+        "ErrImageNeverPull",  # imagePullPolicy Never and the node does not have the image
         "InvalidImageName",
         "CrashLoopBackOff",
         "CreateContainerConfigError",
@@ -116,12 +117,25 @@ def pod_problem(pods: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
             *(status.get("initContainerStatuses") or []),
             *(status.get("containerStatuses") or []),
         ]:
-            waiting = (container.get("state") or {}).get("waiting") or {}
+            state = container.get("state") or {}
+            waiting = state.get("waiting") or {}
+            killed = _oom_killed(container)
+            if killed and "running" not in state:
+                return "OOMKilled", f"pod {name}, container {container.get('name')}: {killed}"
             if waiting.get("reason") in STUCK_WAITING_REASONS:
                 detail = f": {waiting['message']}" if waiting.get("message") else ""
                 return str(
                     waiting["reason"]
                 ), f"pod {name}, container {container.get('name')}: {waiting['reason']}{detail}"
+    return None
+
+
+def _oom_killed(container: Mapping[str, Any]) -> str | None:
+    """What the kernel's OOM killer did to the container (now or at its last run), or None."""
+    for when in ("state", "lastState"):
+        terminated = (container.get(when) or {}).get("terminated") or {}
+        if terminated.get("reason") == "OOMKilled":
+            return f"OOMKilled (exit code {terminated.get('exitCode')}): it needs more memory than its limit"
     return None
 
 

@@ -39,7 +39,7 @@ from rayship.config import OperatorConfig
 from rayship.validation import SpecError, parse_trainingjob
 from rayship.yamlio import canonical_json
 
-STUCK_REASONS = frozenset({"Unschedulable"}) | STUCK_WAITING_REASONS
+STUCK_REASONS = frozenset({"Unschedulable", "OOMKilled"}) | STUCK_WAITING_REASONS
 JOB_MODULE = "rayship_workloads.job"  # the workload driver: `python -m rayship_workloads.job --spec`
 
 # --- render ------------------------------------------------------------------------------------

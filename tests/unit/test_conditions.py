@@ -71,3 +71,29 @@ def test_pod_problem_names_the_scheduler_reason_or_the_waiting_container() -> No
         "ImagePullBackOff",
         "pod h-0, container ray-head: ImagePullBackOff: not found",
     )
+    never = _pod("h-1", containerStatuses=[{"name": "ray-head", "state": {"waiting": {
+        "reason": "ErrImageNeverPull", "message": 'image "rayship/x:1" is not present with pull policy of Never'}}}])  # fmt: skip
+    assert pod_problem([never]) == (
+        "ErrImageNeverPull",
+        'pod h-1, container ray-head: ErrImageNeverPull: image "rayship/x:1" is not present with pull policy of Never',
+    )
+
+
+def test_pod_problem_names_a_container_the_oom_killer_ended_until_it_runs_again() -> None:
+    from rayship.conditions import pod_problem
+
+    killed = {"terminated": {"reason": "OOMKilled", "exitCode": 137}}
+    restarting = _pod("w-0", containerStatuses=[
+        {"name": "ray-worker", "lastState": killed, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}])  # fmt: skip
+    assert pod_problem([restarting]) == (
+        "OOMKilled",
+        "pod w-0, container ray-worker: OOMKilled (exit code 137): it needs more memory than its limit",
+    )
+    assert (
+        pod_problem([_pod("w-0", containerStatuses=[{"name": "ray-worker", "state": killed}])])[0]
+        == "OOMKilled"
+    )
+    running = _pod(
+        "w-0", containerStatuses=[{"name": "ray-worker", "lastState": killed, "state": {"running": {}}}]
+    )
+    assert pod_problem([running]) is None  # it came back: no longer the reason it waits
