@@ -17,7 +17,9 @@ built is ever written into the repository.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
+import json
 import os
 import pwd
 import shutil
@@ -79,12 +81,17 @@ MODULES = (
             "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
             "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
             "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+            # the real node (controlplane/node.py): the same module, so the same version stamp
+            "kubelet": "k8s.io/kubernetes/cmd/kubelet",
+            "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
         },
         _K8S_VERSION_X,
     ),
     Module("etcd", {"etcd": "."}),
     Module("kwok", {"kwok": "sigs.k8s.io/kwok/cmd/kwok"}, "-X sigs.k8s.io/kwok/pkg/consts.Version=v0.7.0"),
     Module("kuberay", {"ray-operator": "github.com/ray-project/kuberay/ray-operator"}),
+    # the real node's cluster DNS (controlplane/node.py)
+    Module("coredns", {"coredns": "github.com/coredns/coredns"}),
 )
 
 
@@ -118,6 +125,24 @@ def _go_version() -> str:
     return _GO_VERSION
 
 
+def _go_env() -> dict[str, str]:
+    env = dict(os.environ, GOTOOLCHAIN="local", CGO_ENABLED="0", GOFLAGS="-mod=readonly -buildvcs=false")
+    home = _user_home()  # Go's module and build caches too, whatever $HOME says
+    env.setdefault("GOPATH", str(home / "go"))
+    env.setdefault("GOMODCACHE", str(home / "go" / "pkg" / "mod"))
+    env.setdefault("GOCACHE", str(home / ".cache" / "go-build"))
+    return env
+
+
+def module_dir(wrapper: str, module_path: str) -> Path:
+    """The source folder of a module that a wrapper under controlplane/go/ pins (downloaded if need be)."""
+    out = subprocess.run(
+        [_go(), "mod", "download", "-json", module_path],
+        cwd=GO_DIR / wrapper, env=_go_env(), capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return Path(json.loads(out.stdout)["Dir"])
+
+
 def binaries() -> dict[str, Path]:
     """Binary name -> path in the cache (whether or not it is built yet)."""
     return {name: m.bin_dir() / name for m in MODULES for name in m.packages}
@@ -133,11 +158,7 @@ def build_module(module: Module, log=print) -> float:
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "bin").mkdir(parents=True)
-    env = dict(os.environ, GOTOOLCHAIN="local", CGO_ENABLED="0", GOFLAGS="-mod=readonly -buildvcs=false")
-    home = _user_home()  # Go's module and build caches too, whatever $HOME says
-    env.setdefault("GOPATH", str(home / "go"))
-    env.setdefault("GOMODCACHE", str(home / "go" / "pkg" / "mod"))
-    env.setdefault("GOCACHE", str(home / ".cache" / "go-build"))
+    env = _go_env()
     started = time.monotonic()
     for name, pkg in module.packages.items():
         cmd = ["nice", "-n", "10", _go(), "build", "-trimpath", f"-ldflags=-s -w {module.ldflags}".strip()]
@@ -153,11 +174,15 @@ def build_module(module: Module, log=print) -> float:
 
 
 def ensure_built(log=print) -> dict[str, Path]:
-    """Build whatever is missing; returns binaries()."""
+    """Build whatever is missing; returns binaries(). One build at a time per machine: a second caller
+    waits, then finds the binaries built."""
     started = time.monotonic()
-    todo = missing()
-    for module in todo:
-        build_module(module, log)
+    cache_root().mkdir(parents=True, exist_ok=True)
+    with open(cache_root() / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        todo = missing()
+        for module in todo:
+            build_module(module, log)
     total = time.monotonic() - started
     if todo:
         log(f"controlplane: first build of {', '.join(m.name for m in todo)}: {total:.0f}s")
