@@ -139,12 +139,24 @@ e2e: setup ## the kind end-to-end tests (skipped, with the reason, where there i
 	$(PYTEST) -q -m e2e tests/e2e
 
 ##@ Local control plane (no Docker: real etcd, kube-apiserver, controllers and KubeRay; kwok nodes)
-.PHONY: cluster-build cluster-up cluster-down test-controlplane e2e-local
+.PHONY: cluster-build cluster-up cluster-down test-controlplane e2e-local node-deps
 cluster-build: ## build the pinned control-plane binaries into ~/.cache/rayship (once per machine)
 	python3 controlplane/build.py
 
-cluster-up: setup cluster-build ## start it on 127.0.0.1 (.cluster/kubeconfig) with KubeRay and rayship; NO_OPERATOR=1: without the operator
-	$(BIN)/python controlplane/cluster.py up $(if $(NO_OPERATOR),--no-operator)
+# The real node's parts from Debian (controlplane/node.py): containerd and runc, the CNI plugins,
+# nft for kube-proxy's nftables mode, gcc for the pause image. apt's lists are read once per machine.
+NODE_DEBS := containerd=1.6.20~ds1-1+deb12u3 runc=1.1.5+ds1-1+deb12u1 \
+	containernetworking-plugins=1.1.1+ds1-3+b5 nftables=1.0.6-2+deb12u2 iptables=1.8.9-2 gcc libc6-dev
+node-deps: ## install the real node's Debian packages (pinned)
+	@missing=$$(for p in $(foreach p,$(NODE_DEBS),$(firstword $(subst =, ,$(p)))); do \
+		dpkg-query -W -f='$${db:Status-Abbrev}' $$p 2>/dev/null | grep -q '^ii' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "node-deps: installing $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(NODE_DEBS); \
+	fi
+
+cluster-up: setup cluster-build node-deps images ## start it on 127.0.0.1 (.cluster/kubeconfig): KubeRay, rayship's chart, kwok nodes and the real node real-0; NO_OPERATOR=1: without the operator; NO_NODE=1: kwok nodes only
+	$(BIN)/python controlplane/cluster.py up $(if $(NO_OPERATOR),--no-operator) $(if $(NO_NODE),--no-node)
 
 cluster-down: ## stop everything cluster-up started, remove its network namespace and data
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) controlplane/cluster.py down

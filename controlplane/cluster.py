@@ -79,6 +79,7 @@ ROOT = HERE.parent
 if not __package__:  # run as a script: python controlplane/cluster.py ...
     sys.path.insert(0, str(ROOT))
 from controlplane import build  # noqa: E402  (stdlib only)
+from controlplane import node as realnode  # noqa: E402  (stdlib only)
 
 # --- the plan ---------------------------------------------------------------------------------------
 POD_CIDR = "10.244.0.0/16"
@@ -88,6 +89,7 @@ VETH_HOST, VETH_NS = "rs-pods0", "rs-pods1"
 LINK_HOST_IP, LINK_NS_IP = "169.254.244.1", "169.254.244.2"  # a /30 between the host and NETNS
 CLUSTER_DOMAIN = "cluster.local"
 SERVICE_IP = SERVICE_CIDR.split("/")[0].rsplit(".", 1)[0] + ".1"  # the `kubernetes` Service
+ADVERTISE_IP = "10.244.0.1"  # the API server's advertise address: the `kubernetes` Service's endpoint
 API_FORWARD_PORT = 443  # LINK_HOST_IP:443 -> the API server, for the Ray heads of controlplane/raypods.py
 APISERVER_SANS = ["IP:127.0.0.1", f"IP:{SERVICE_IP}", f"IP:{LINK_HOST_IP}", "DNS:localhost", "DNS:kubernetes",
                   "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
@@ -118,7 +120,7 @@ NODES = (
 ADMISSION_PLUGINS = (
     "NamespaceLifecycle,LimitRanger,ServiceAccount,DefaultStorageClass,DefaultTolerationSeconds,"
     "MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,ResourceQuota,"
-    "Priority,OwnerReferencesPermissionEnforcement"
+    "Priority,OwnerReferencesPermissionEnforcement,PodNodeSelector,PodTolerationRestriction"
 )
 STORAGE_CLASS = "standard"
 PROVISIONER = "rayship.dev/hostpath"
@@ -306,6 +308,8 @@ class State:
     # What the running components were started with (kwok's stages, the API server's certificate):
     # when a file changed, `up` restarts the component that reads it.
     digests: dict[str, str] = field(default_factory=dict)
+    # Host paths that the real node's mount namespace binds over and that `up` had to create.
+    made_dirs: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -316,6 +320,7 @@ class State:
                 "operator": self.operator,
                 "chart_error": self.chart_error,
                 "digests": self.digests,
+                "made_dirs": self.made_dirs,
                 "plan": {"pod_cidr": POD_CIDR, "service_cidr": SERVICE_CIDR, "netns": NETNS},
             },
             indent=2,
@@ -335,6 +340,7 @@ def _load_state(paths: Paths | None = None) -> State:
         operator=raw.get("operator"),
         chart_error=raw.get("chart_error"),
         digests=raw.get("digests", {}),
+        made_dirs=raw.get("made_dirs", []),
     )
 
 
@@ -459,6 +465,7 @@ def _ensure_pki(paths: Paths) -> None:
         if missing:
             log(f"the API server certificate lacks {', '.join(missing)}: making it again")
             _leaf(pki, "apiserver", "/CN=kube-apiserver", "serverAuth", APISERVER_SANS)
+        _node_pki(pki)
         return
     shutil.rmtree(pki, ignore_errors=True)
     pki.mkdir(parents=True)
@@ -484,7 +491,15 @@ def _ensure_pki(paths: Paths) -> None:
     _openssl("pkey", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
     for key in pki.glob("*.key"):
         key.chmod(0o600)
+    _node_pki(pki)
     (pki / "complete").write_text("")
+
+
+def _node_pki(pki: Path) -> None:
+    """The real node's certificates (controlplane/node.py), each made if it is missing."""
+    for name, (subject, usage, alt) in realnode.CERTIFICATES.items():
+        if not (pki / f"{name}.crt").exists():
+            _leaf(pki, name, subject, usage, alt)
 
 
 def _apiserver_sans_missing(pki: Path) -> list[str]:
@@ -692,7 +707,7 @@ def _start_apiserver(paths: Paths, state: State, bins: dict[str, Path]) -> Proc:
         str(bins["kube-apiserver"]),
         f"--etcd-servers=http://127.0.0.1:{state.ports['etcd-client']}",
         "--bind-address=127.0.0.1", f"--secure-port={state.ports['apiserver']}",
-        f"--advertise-address={NODES[0].ip.rsplit('.', 1)[0]}.1",  # inside POD_CIDR's reserved /24: see the plan
+        f"--advertise-address={ADVERTISE_IP}",  # inside POD_CIDR's reserved /24: see the plan
         f"--cert-dir={paths.run / 'apiserver'}",
         f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
         f"--client-ca-file={pki / 'ca.crt'}", "--anonymous-auth=false",
@@ -702,6 +717,9 @@ def _start_apiserver(paths: Paths, state: State, bins: dict[str, Path]) -> Proc:
         "--authorization-mode=Node,RBAC", f"--enable-admission-plugins={ADMISSION_PLUGINS}",
         f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true",
         "--kubelet-preferred-address-types=InternalIP", "--profiling=false", "--v=1",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        f"--kubelet-certificate-authority={pki / 'ca.crt'}",
         f"--audit-policy-file={policy}", f"--audit-log-path={audit_log(paths)}", "--audit-log-format=json",
         "--audit-log-maxsize=500", "--audit-log-maxbackup=1",
     ]  # fmt: skip
@@ -789,6 +807,196 @@ def _start_raypods(paths: Paths) -> Proc:
     argv = [_venv_python(), str(HERE / "raypods.py"), "--kubeconfig", str(paths.kubeconfig),
             "--state-dir", str(paths.base)]  # fmt: skip
     return _spawn("raypods", argv, paths, _clean_env(paths, PYTHONUNBUFFERED="1"))
+
+
+# --- the real node (controlplane/node.py) -----------------------------------------------------------
+# Started in this order, stopped in the reverse one (containerd last: the containers go before it).
+NODE_PROCS = ("containerd", "kubelet", "kube-proxy", "coredns", "node-api-forward")
+NODE_TOOLS = ("containerd", "ctr", "runc", "nft", "unshare", "nsenter", "gcc")
+WORKLOAD_IMAGE_CPU = "rayship/rayship-workloads:{version}-cpu"
+
+
+def node_missing() -> str | None:
+    """Why the real node cannot run on this machine, or None."""
+    absent = [tool for tool in NODE_TOOLS if shutil.which(tool) is None]
+    if not (realnode.CNI_BIN / "bridge").exists():
+        absent.append(f"{realnode.CNI_BIN}/bridge")
+    if absent:
+        return f"the real node needs {', '.join(absent)} (`make node-deps` installs them)"
+    return None
+
+
+def _node_paths(paths: Paths) -> realnode.NodePaths:
+    return realnode.NodePaths(paths.base / "node", build.cache_root().parent / "containerd")
+
+
+def _node_running(state: State) -> bool:
+    return all(name in state.procs and state.procs[name].alive() for name in NODE_PROCS)
+
+
+def _ctr(npaths: realnode.NodePaths, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return _run(["ctr", "--address", str(npaths.socket), "--namespace", "k8s.io", *args], check=check)
+
+
+def _node_network() -> None:
+    """In NETNS: the node's addresses on lo, the pods' bridge and its route, forwarding on."""
+    ns = ["ip", "-n", NETNS]
+    for ip in (realnode.NODE_IP, realnode.DNS_IP, ADVERTISE_IP):
+        _run([*ns, "addr", "replace", f"{ip}/32", "dev", "lo"])
+    if _run([*ns, "link", "show", realnode.BRIDGE], check=False).returncode != 0:
+        _run([*ns, "link", "add", realnode.BRIDGE, "type", "bridge"])
+    _run([*ns, "addr", "replace", f"{realnode.GATEWAY}/24", "dev", realnode.BRIDGE])
+    _run([*ns, "link", "set", realnode.BRIDGE, "up"])
+    # A unicast route in table `local`, more specific than the /16 there that refuses every pod address.
+    _run([*ns, "route", "replace", realnode.POD_SUBNET, "dev", realnode.BRIDGE, "table", "local"])
+    _run(["ip", "netns", "exec", NETNS, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
+
+
+def _import_images(npaths: realnode.NodePaths, archives: dict[str, Path]) -> None:
+    """`ctr images import` each archive not imported yet (containerd's root outlives the cluster)."""
+    record = npaths.cache / "imported.json"
+    done = json.loads(record.read_text()) if record.exists() else {}
+    have = set(_ctr(npaths, "images", "ls", "-q").stdout.split())
+    for ref, archive in archives.items():
+        if done.get(ref) == archive.name and ref in have:
+            continue
+        started = time.monotonic()
+        _ctr(npaths, "images", "import", str(archive))
+        done[ref] = archive.name
+        record.write_text(json.dumps(done, indent=2))
+        log(f"imported {ref} ({archive.stat().st_size / 1e6:.0f} MB) in {time.monotonic() - started:.0f}s")
+
+
+def _node_archives(npaths: realnode.NodePaths) -> dict[str, Path]:
+    from images import build as images  # the product images (make images), built if missing
+
+    return {
+        realnode.PAUSE_REF: realnode.pause_archive(npaths.cache / "pause"),
+        **images.ensure_built(log=log),
+    }
+
+
+def _start_node(paths: Paths, state: State, bins: dict[str, Path], server: str) -> None:
+    """containerd, the kubelet (node real-0), kube-proxy, CoreDNS and the in-namespace API forwarder."""
+    why = node_missing()
+    if why:
+        raise RuntimeError(why)
+    npaths = _node_paths(paths)
+    archives = _node_archives(npaths)
+    shutil.rmtree(npaths.base, ignore_errors=True)
+    for folder in ("cni-conf", "cni-ipam", "pod-logs", *realnode.BOUND.values()):
+        (npaths / folder).mkdir(parents=True, exist_ok=True)
+    npaths.containerd_root.mkdir(parents=True, exist_ok=True)
+    (npaths / "resolv.conf").write_text(f"nameserver {realnode.DNS_IP}\n")
+    (npaths / "containerd.toml").write_text(realnode.containerd_config(npaths))
+    (npaths / "cni-conf" / "10-rayship.conflist").write_text(json.dumps(realnode.cni_config(npaths)))
+    (npaths / "kubelet.json").write_text(json.dumps(realnode.kubelet_config(npaths, paths.pki)))
+    link_server = f"https://{LINK_HOST_IP}:{API_FORWARD_PORT}"  # the API server as NETNS reaches it
+    kcs = {who: _cert_kubeconfig(paths, who, link_server) for who in ("kubelet", "kube-proxy", "coredns")}
+    (npaths / "kube-proxy.json").write_text(
+        json.dumps(realnode.kube_proxy_config(kcs["kube-proxy"], POD_CIDR))
+    )
+    (npaths / "Corefile").write_text(realnode.corefile(kcs["coredns"]))
+    _kubectl_apply(paths, realnode.rbac_objects())
+    _node_network()
+    realnode.make_cgroups()
+    for target in realnode.mount_points():
+        Path(target).mkdir(parents=True)
+        state.made_dirs.append(target)
+    _save_state(state, paths)
+
+    def spawn(name: str, argv: list[str]) -> Proc:
+        proc = _spawn(name, argv, paths, _clean_env(paths))
+        state.procs[name] = proc
+        _save_state(state, paths)
+        return proc
+
+    # nsenter, not `ip netns exec`: that one mounts a new /sys, without the cgroup hierarchies.
+    in_ns = ["nsenter", f"--net=/run/netns/{NETNS}"]
+    containerd = spawn("containerd", [
+        *in_ns, "unshare", "--mount", "--propagation", "private",
+        _venv_python(), str(HERE / "node.py"), "enter", str(npaths.base), "--",
+        "containerd", "--config", str(npaths / "containerd.toml"),
+    ])  # fmt: skip
+    _wait("containerd", lambda: _ctr(npaths, "version", check=False).returncode == 0, 60, containerd)
+    _import_images(npaths, archives)
+    kubelet = spawn("kubelet", [
+        "nsenter", f"--mount=/proc/{containerd.pid}/ns/mnt", f"--net=/run/netns/{NETNS}",
+        str(bins["kubelet"]), f"--config={npaths / 'kubelet.json'}", f"--kubeconfig={kcs['kubelet']}",
+        f"--hostname-override={realnode.NAME}", f"--node-ip={realnode.NODE_IP}",
+        f"--root-dir={npaths.kubelet_root}", f"--node-labels={'='.join(realnode.LABEL)}", "--v=1",
+    ])  # fmt: skip
+    spawn("kube-proxy", [*in_ns, str(bins["kube-proxy"]), f"--config={npaths / 'kube-proxy.json'}", "--v=1"])
+    spawn("coredns", [*in_ns, str(bins["coredns"]), "-conf", str(npaths / "Corefile")])
+    spawn("node-api-forward", [
+        *in_ns, _venv_python(), str(HERE / "cluster.py"), "api-forward", "--listen", ADVERTISE_IP,
+        "--port", str(state.ports["apiserver"]), "--to-host", LINK_HOST_IP, "--to", str(API_FORWARD_PORT),
+    ])  # fmt: skip
+    client = _api(paths.kubeconfig)
+    _wait(f"node {realnode.NAME} Ready", lambda: _node_ready(client, realnode.NAME), 120, kubelet)
+
+
+def real_node_namespace(name: str) -> dict[str, Any]:
+    """A Namespace whose pods all run on real-0: the node selector and the toleration of its taint
+    are namespace defaults (the PodNodeSelector and PodTolerationRestriction admission plugins)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": name,
+            "annotations": {
+                "scheduler.alpha.kubernetes.io/node-selector": "=".join(realnode.LABEL),
+                "scheduler.alpha.kubernetes.io/defaultTolerations": json.dumps([realnode.TOLERATION]),
+            },
+        },
+    }
+
+
+def _node_ready(client: Any, name: str) -> bool:
+    import kubernetes
+
+    node = kubernetes.client.CoreV1Api(client).read_node(name)
+    return any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
+
+
+def _stop_node(paths: Paths, state: State) -> list[str]:
+    """Stop the node's processes, remove its containers (with containerd still up), then kill what
+    is left in its cgroups, remove those and the mount points `up` made. Harmless when none runs."""
+    npaths = _node_paths(paths)
+    stopped = []
+    for name in reversed(NODE_PROCS):
+        proc = state.procs.pop(name, None)
+        if proc is None:
+            continue
+        if proc.alive():
+            stopped.append(f"{name} (pgid {proc.pid})")
+            if name == "containerd":
+                _remove_containers(npaths)
+        _stop(proc)
+    killed = realnode.kill_leftovers(npaths.socket)
+    if killed:
+        stopped.append(f"{killed} container processes")
+    stuck = realnode.remove_cgroups()
+    if stuck:
+        log("cgroups that could not be removed: " + "; ".join(stuck))
+    for target in [d for d in state.made_dirs if d in realnode.BOUND]:
+        with contextlib.suppress(OSError):
+            Path(target).rmdir()
+        state.made_dirs.remove(target)
+    shutil.rmtree(npaths.base, ignore_errors=True)
+    return stopped
+
+
+def _remove_containers(npaths: realnode.NodePaths) -> None:
+    """Every container of the node, its sandboxes included, killed and removed from containerd (the
+    images stay): the next cluster's kubelet finds none to recover."""
+    tasks = _ctr(npaths, "tasks", "ls", "-q", check=False).stdout.split()
+    for task in tasks:
+        _ctr(npaths, "tasks", "kill", "--signal", "SIGKILL", task, check=False)
+    for task in tasks:
+        _ctr(npaths, "tasks", "delete", "--force", task, check=False)
+    for container in _ctr(npaths, "containers", "ls", "-q", check=False).stdout.split():
+        _ctr(npaths, "containers", "delete", container, check=False)
 
 
 def _digest(path: Path) -> str:
@@ -1013,6 +1221,9 @@ def _helm_install_rayship(paths: Paths, state: State) -> None:
     A release left failed by an earlier attempt is uninstalled first. Raises ChartError.
     """
     helm = [str(VENV_BIN / "helm"), "--kubeconfig", str(paths.kubeconfig)]
+    values = paths.run / "rayship-values.json"
+    values.write_text(json.dumps(_chart_values(_node_running(state))))
+    helm_values = ["--values", str(values)]
     home = paths.run / "helm"
     env = _clean_env(
         paths,
@@ -1023,7 +1234,7 @@ def _helm_install_rayship(paths: Paths, state: State) -> None:
     status = _run(
         [*helm, "status", RAYSHIP_RELEASE, "-n", RAYSHIP_NAMESPACE, "-o", "json"], check=False, env=env
     )
-    digest = _chart_digest()
+    digest = f"{_chart_digest()}-{_digest(values)}"
     if status.returncode == 0:
         if json.loads(status.stdout).get("info", {}).get("status") == "deployed":
             if state.digests.get("chart") == digest:
@@ -1038,6 +1249,7 @@ def _helm_install_rayship(paths: Paths, state: State) -> None:
                 RAYSHIP_NAMESPACE,
                 "--rollback-on-failure",
                 "--wait",
+                *helm_values,
             ]  # fmt: skip  (a failed upgrade keeps the release)
             result = _run([*upgrade, "--timeout", "120s"], check=False, env=env)
             if result.returncode != 0:
@@ -1045,13 +1257,29 @@ def _helm_install_rayship(paths: Paths, state: State) -> None:
             state.digests["chart"] = digest
             return
         _run([*helm, "uninstall", RAYSHIP_RELEASE, "-n", RAYSHIP_NAMESPACE, "--wait"], check=False, env=env)
-    install = [*helm, "install", RAYSHIP_RELEASE, str(CHART), "-n", RAYSHIP_NAMESPACE, "--create-namespace"]
+    install = [*helm, "install", RAYSHIP_RELEASE, str(CHART), "-n", RAYSHIP_NAMESPACE, "--create-namespace",
+               *helm_values]  # fmt: skip
     result = _run([*install, "--wait", "--timeout", "120s"], check=False, env=env)
     if result.returncode != 0:
         raise ChartError(
             f"helm install {RAYSHIP_RELEASE} {CHART} failed:\n{(result.stdout + result.stderr).strip()}"
         )
     state.digests["chart"] = digest
+
+
+def _chart_values(node_runs: bool) -> dict[str, Any]:
+    """What `helm install` is given beyond the chart's defaults: where real-0 runs, the operator's pod
+    runs there (from the image `make images` built) and Ray pods default to the CPU workload image."""
+    if not node_runs:
+        return {}
+    from rayship import __version__
+
+    return {
+        "image": {"pullPolicy": "Never"},  # imported into the node's containerd, never pulled
+        "nodeSelector": dict([realnode.LABEL]),
+        "tolerations": [realnode.TOLERATION],
+        "defaults": {"workloadImage": WORKLOAD_IMAGE_CPU.format(version=__version__)},
+    }
 
 
 # --- the rayship operator ---------------------------------------------------------------------------
@@ -1091,6 +1319,8 @@ def start_operator(
             return running
         server = f"https://127.0.0.1:{state.ports['apiserver']}"
         client = _api(paths.kubeconfig)
+        if _node_running(state):  # the chart's pod runs a real operator there: never two at once
+            _scale(client, 0)
         dep = operator_deployment(client)
         pod = dep.spec.template.spec
         container = next(c for c in pod.containers if c.name == "operator")
@@ -1129,6 +1359,32 @@ def start_operator(
     _wait("rayship operator liveness", lambda: _http_ok(liveness), ready_timeout, proc)
     log(f"rayship operator pid {proc.pid} ({' '.join(args)}), log {proc.log}")
     return handle
+
+
+def scale_operator(replicas: int, paths: Paths | None = None, timeout: float = 120) -> None:
+    """Scale the chart's operator Deployment and wait until that many of its pods are ready (0: gone)."""
+    paths = paths or Paths()
+    _scale(_api(paths.kubeconfig), replicas, timeout)
+
+
+def _scale(client: Any, replicas: int, timeout: float = 120) -> None:
+    import kubernetes
+
+    dep = operator_deployment(client)
+    apps = kubernetes.client.AppsV1Api(client)
+    core = kubernetes.client.CoreV1Api(client)
+    name, ns = dep.metadata.name, dep.metadata.namespace
+    apps.patch_namespaced_deployment_scale(name, ns, {"spec": {"replicas": replicas}})
+    selector = ",".join(f"{k}={v}" for k, v in dep.spec.selector.match_labels.items())
+
+    def settled() -> bool:
+        d = apps.read_namespaced_deployment(name, ns)
+        pods = core.list_namespaced_pod(ns, label_selector=selector).items
+        if replicas == 0:
+            return not pods
+        return (d.status.ready_replicas or 0) == replicas and (d.status.updated_replicas or 0) == replicas
+
+    _wait(f"operator Deployment at {replicas} ready replicas", settled, timeout)
 
 
 def _operator_handle(state: State) -> OperatorHandle | None:
@@ -1229,13 +1485,16 @@ def _cluster(paths: Paths, state: State, started: bool) -> Cluster:
     )
 
 
-def up(operator: bool | None = True, paths: Paths | None = None) -> Cluster:
+def up(operator: bool | None = True, paths: Paths | None = None, node: bool | None = None) -> Cluster:
     """Start the cluster, or return the running one. Harmless and fast when it already runs.
 
-    The rayship chart is helm-installed (again, if an earlier install failed). operator: True starts
-    the rayship operator if it does not run; False stops it if it runs (for tests that start their
-    own); None leaves it as it is. If the chart does not install, the cluster stays up, the reason is
-    in `Cluster.chart_error`, and with operator=True ChartError is raised.
+    node: True starts the real node real-0 (controlplane/node.py) if it does not run, False stops
+    it, None leaves it as it is. The rayship chart is helm-installed (again, if an earlier install
+    failed; upgraded when the node came or went: its operator pod runs on real-0 then).
+    operator: True runs the rayship operator if it does not run: the chart's pod where real-0 runs,
+    a host process elsewhere; False stops the host process (for tests that start their own); None
+    leaves it as it is. If the chart does not install, the cluster stays up, the reason is in
+    `Cluster.chart_error`, and with operator=True ChartError is raised.
     """
     paths = paths or Paths()
     t0 = time.monotonic()
@@ -1251,6 +1510,19 @@ def up(operator: bool | None = True, paths: Paths | None = None) -> Cluster:
                 _down(paths)
             state = _start(paths)
             started = True
+        if node is True and not _node_running(state):
+            _stop_node(paths, state)  # what a half-started node left
+            try:
+                _start_node(paths, state, build.binaries(), f"https://127.0.0.1:{state.ports['apiserver']}")
+            except BaseException:
+                log("the real node did not start: stopping what of it was started")
+                _stop_node(paths, state)
+                _save_state(state, paths)
+                raise
+            _save_state(state, paths)
+        elif node is False and any(name in state.procs for name in NODE_PROCS):
+            log(f"stopping the real node: {', '.join(_stop_node(paths, state))}")
+            _save_state(state, paths)
         t1 = time.monotonic()
         try:
             _helm_install_rayship(paths, state)
@@ -1262,7 +1534,11 @@ def up(operator: bool | None = True, paths: Paths | None = None) -> Cluster:
         if started:
             log(f"helm install rayship: {time.monotonic() - t1:.1f}s")
     if operator is True and state.chart_error is None:
-        start_operator(paths=paths)
+        if _node_running(state):
+            stop_operator(paths=paths)
+            scale_operator(1, paths=paths)
+        else:
+            start_operator(paths=paths)
     elif operator is False:
         stop_operator(paths=paths)
     cluster = _cluster(paths, _load_state(paths), started)
@@ -1344,11 +1620,15 @@ def _start(paths: Paths) -> State:
     shutil.rmtree(paths.etcd, ignore_errors=True)
     _ensure_pki(paths)
     lap("certificates")
+    netns_dir = Path("/run/netns")
+    made_netns_dir = not netns_dir.exists()  # `ip netns add` makes it, and a mount of it, for good
     state = State(ports={name: _free_port() for name in (
         "etcd-client", "etcd-peer", "apiserver", "kube-controller-manager", "kube-scheduler", "kuberay-metrics", "kuberay-probe",
     )})  # fmt: skip
     _ensure_netns()
     state.netns = True
+    if made_netns_dir:
+        state.made_dirs.append(str(netns_dir))
     _save_state(state, paths)
     lap("network namespace")
     server = f"https://127.0.0.1:{state.ports['apiserver']}"
@@ -1448,7 +1728,7 @@ def _nodes_ready(client: Any) -> bool:
 
 def _down(paths: Paths) -> list[str]:
     state = _load_state(paths)
-    stopped = []
+    stopped = _stop_node(paths, state)
     # Reverse start order: the operators first, etcd last.
     for name in reversed(list(state.procs)):
         proc = state.procs[name]
@@ -1460,6 +1740,11 @@ def _down(paths: Paths) -> list[str]:
     stopped += raypods.cleanup(paths.base)  # what a stand-in killed mid-way left behind
     if _remove_netns():
         stopped.append(f"netns {NETNS} with its routes")
+    netns_dir = Path("/run/netns")
+    if str(netns_dir) in state.made_dirs and netns_dir.is_dir() and not any(netns_dir.iterdir()):
+        _run(["umount", str(netns_dir)], check=False)  # the bind mount `ip netns add` made of it
+        with contextlib.suppress(OSError):
+            netns_dir.rmdir()
     for path in (paths.etcd, paths.volumes, paths.run):
         shutil.rmtree(path, ignore_errors=True)
     for path in (paths.state, paths.kubeconfig):
@@ -1479,6 +1764,44 @@ def down(paths: Paths | None = None) -> None:
     with _locked(paths):
         stopped = _down(paths)
     log(("stopped and removed " + ", ".join(stopped)) if stopped else "nothing to stop")
+
+
+def leftovers(paths: Paths | None = None) -> list[str]:
+    """What a cluster left on this machine: after `down`, nothing (a process of its binaries, its
+    network namespace or veth, a mount, a cgroup, a shim, a KUBE-* iptables chain or a kube-proxy nft
+    table on the host, a folder `up` made)."""
+    paths = paths or Paths()
+    left = [f"netns {NETNS}"] if _netns_exists() else []
+    if _run(["ip", "link", "show", VETH_HOST], check=False).returncode == 0:
+        left.append(f"link {VETH_HOST}")
+    for line in Path("/proc/mounts").read_text().splitlines():
+        where = line.split()[1]
+        if where.startswith(str(paths.base)) or where in realnode.BOUND or "/kubelet/" in where:
+            if where == "/run/netns" and any(Path(where).iterdir()):
+                continue  # someone else's network namespaces: `ip netns add` mounts it for good
+            left.append(f"mount {where}")
+    left += [f"cgroup {h / realnode.CGROUP_ROOT}" for h in realnode.cgroup_hierarchies()
+             if (h / realnode.CGROUP_ROOT).exists()]  # fmt: skip
+    ours = {str(path) for path in build.binaries().values()}
+    base = str(paths.base).encode()
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):  # a process that ended meanwhile
+            if not proc.name.isdigit() or proc.name == str(os.getpid()):
+                continue
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if os.readlink(proc / "exe") in ours or any(base in arg for arg in argv):
+                left.append(f"process {proc.name} ({argv[0].decode(errors='replace')})")
+    left += [f"shim {pid}" for pid in realnode.shim_pids(_node_paths(paths).socket)]
+    if shutil.which("iptables"):
+        chains = [
+            c for c in _run(["iptables", "-S"], check=False).stdout.splitlines() if c.startswith("-N KUBE-")
+        ]
+        left += [f"iptables chain {c.split()[1]}" for c in chains]
+    if shutil.which("nft"):
+        tables = _run(["nft", "list", "tables"], check=False).stdout.splitlines()
+        left += [f"nft {t}" for t in tables if "kube-proxy" in t]
+    left += [f"folder {d}" for d in _load_state(paths).made_dirs if Path(d).exists()]
+    return left
 
 
 def status(paths: Paths | None = None) -> dict[str, Any]:
@@ -1524,6 +1847,7 @@ def provisioner(kubeconfig: Path, volumes: Path, interval: float = 1.0) -> None:
                     continue
                 path = volumes / pvc.metadata.uid
                 path.mkdir(parents=True, exist_ok=True)
+                path.chmod(0o777)  # as local-path-provisioner: the pods' users are not root
                 pv = {
                     "apiVersion": "v1",
                     "kind": "PersistentVolume",
@@ -1573,8 +1897,8 @@ def provisioner(kubeconfig: Path, volumes: Path, interval: float = 1.0) -> None:
 
 
 # --- the API server forwarder (runs as its own component) -------------------------------------------
-def api_forward(listen: str, port: int, to_port: int) -> None:
-    """TCP passthrough listen:port -> 127.0.0.1:to_port (TLS is end to end: the API server's own)."""
+def api_forward(listen: str, port: int, to_port: int, to_host: str = "127.0.0.1") -> None:
+    """TCP passthrough listen:port -> to_host:to_port (TLS is end to end: the API server's own)."""
     import asyncio
 
     async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -1589,7 +1913,7 @@ def api_forward(listen: str, port: int, to_port: int) -> None:
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", to_port)
+            up_reader, up_writer = await asyncio.open_connection(to_host, to_port)
         except OSError as err:
             print(f"api-forward: the API server refused: {err}", flush=True)
             writer.close()
@@ -1605,7 +1929,7 @@ def api_forward(listen: str, port: int, to_port: int) -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
-        print(f"api-forward: {listen}:{port} -> 127.0.0.1:{to_port}", flush=True)
+        print(f"api-forward: {listen}:{port} -> {to_host}:{to_port}", flush=True)
         async with server:
             await stop.wait()
 
@@ -1620,6 +1944,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--no-operator", action="store_true", help="do not run the rayship operator (stop it if it runs)"
     )
+    p.add_argument("--no-node", action="store_true", help="without the real node real-0 (kwok nodes only)")
     sub.add_parser("down", help="stop everything and remove the netns and cluster data")
     sub.add_parser("status", help="what runs, as JSON")
     p = sub.add_parser("operator", help="start or stop the rayship operator alone")
@@ -1631,10 +1956,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--listen", required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--to", type=int, required=True)
+    p.add_argument("--to-host", default="127.0.0.1")
     args = parser.parse_args(argv)
     if args.command == "up":
         try:
-            cluster = up(operator=not args.no_operator)
+            cluster = up(operator=not args.no_operator, node=not args.no_node)
         except ChartError:
             log(
                 "the cluster is up, but the rayship chart did not install (see above); `make cluster-down` stops it"
@@ -1656,7 +1982,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "provisioner":
         provisioner(args.kubeconfig, args.volumes)
     elif args.command == "api-forward":
-        api_forward(args.listen, args.port, args.to)
+        api_forward(args.listen, args.port, args.to, args.to_host)
     return 0
 
 

@@ -52,13 +52,25 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def cluster() -> Iterator[controlplane.Cluster]:
     reason = _why_not()
     if reason:
-        pytest.skip(reason)
+        pytest.skip(reason)  # under CI=true a failure (tests/conftest.py)
     running = controlplane.up(operator=None)
     try:
         yield running
     finally:
         if running.started:
             controlplane.down()
+            left = controlplane.leftovers()
+            assert not left, f"`down` left these on the machine: {left}"
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster: controlplane.Cluster) -> controlplane.Cluster:
+    """The cluster with its real node real-0 (containerd, kubelet, kube-proxy, CoreDNS) and the rayship
+    operator as the chart's pod there; the node stays up until the cluster stops."""
+    reason = controlplane.node_missing()
+    if reason:
+        pytest.skip(reason)  # under CI=true a failure (tests/conftest.py)
+    return controlplane.up(operator=True, node=True)
 
 
 @pytest.fixture(scope="session")
@@ -67,6 +79,19 @@ def api(cluster: controlplane.Cluster):
     client = cluster.api_client()
     yield client
     client.close()
+
+
+@pytest.fixture(scope="module")
+def real_namespace(real_node, api) -> Iterator[str]:
+    """A fresh namespace whose pods run on real-0 (its node selector and toleration, as namespace
+    defaults); deleted, without waiting, at the end of the module."""
+    import kubernetes
+
+    core = kubernetes.client.CoreV1Api(api)
+    name = f"real-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(controlplane.real_node_namespace(name))
+    yield name
+    core.delete_namespace(name)
 
 
 @pytest.fixture(scope="module")
