@@ -31,6 +31,7 @@ CA bundle goes into a build).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import fnmatch
 import functools
 import hashlib
@@ -780,19 +781,43 @@ def _describe(image: Image, record: dict) -> str:
     )
 
 
+@contextmanager
+def _build_lock(log: LOG) -> Iterator[None]:
+    """One build at a time per machine (one data root, one dockerd): a second caller waits."""
+    cache_root().mkdir(parents=True, exist_ok=True)
+    with (cache_root() / ".lock").open("w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log("images: another build of the images is running: waiting for it ...")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _missing() -> list[Image]:
+    return [image for image in images() if not image.built()]
+
+
+def _build(todo: list[Image], log: LOG) -> None:
+    folder = ensure_wheelhouse(log)
+    ensure_debian_rootfs(log)
+    with docker_daemon(log) as docker, serve_wheelhouse(folder, log) as url:
+        ensure_standins(docker, todo, url, log)
+        for image in todo:
+            log(f"images: built {_describe(image, build_image(docker, image, url, log))}")
+        _prune(docker)
+
+
 def ensure_built(log: LOG = print) -> dict[str, Path]:
     """Build, check and save whatever image is missing from the cache; returns archives()."""
     started = time.monotonic()
-    todo = [image for image in images() if not image.built()]
+    todo = _missing()
     if todo:
         _require_tools()
-        folder = ensure_wheelhouse(log)
-        ensure_debian_rootfs(log)
-        with docker_daemon(log) as docker, serve_wheelhouse(folder, log) as url:
-            ensure_standins(docker, todo, url, log)
-            for image in todo:
-                log(f"images: built {_describe(image, build_image(docker, image, url, log))}")
-            _prune(docker)
+        with _build_lock(log):
+            todo = _missing()  # less what a build that held the lock finished
+            if todo:
+                _build(todo, log)
     for image in images():
         if image not in todo:
             record = json.loads(_marker(image.archive()).read_text())
