@@ -10,7 +10,8 @@ OUTSIDE the clone, named by a hash of everything that goes into it:
 
 which `ctr -n k8s.io images import` reads (refs docker.io/rayship/<image>:<tag>). A second run with
 nothing changed checks the hashes and builds nothing; a change to the Python sources rebuilds only
-the last layer of each Dockerfile (Docker's layer cache stays in the cache's data root).
+the last layer of each Dockerfile (Docker's layer cache stays in the cache's data root), while one to
+README.md or pyproject.toml reinstalls the dependencies (the Dockerfiles copy both first).
 
 Why Docker: Debian packages dockerd 20.10 (docker.io) with BuildKit built in and the docker CLI
 20.10 that drives it without buildx; buildkitd and nerdctl are not packaged in bookworm (they would
@@ -58,8 +59,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 STANDIN_DIR = HERE / "standin"
 
-# Docker's own CLI from the docker.io package: it speaks to dockerd 20.10's built-in BuildKit (cache
-# and secret mounts, --network host) without the buildx plugin that newer CLIs need for BuildKit.
+# Docker's own CLI from the docker.io package: it drives dockerd 20.10's built-in BuildKit (the
+# builder users' Docker runs by default) without the buildx plugin that newer CLIs need for it.
 DOCKER = "/usr/bin/docker"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_SOURCES = (
@@ -437,7 +438,7 @@ def serve_wheelhouse(folder: Path, log: LOG) -> Iterator[str]:
     """Serve folder's listing on 127.0.0.1 (pip reads it as a find-links page); yields its URL."""
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base's name)
+        def log_message(self, format: str, *args: object) -> None:
             pass  # one line per wheel fetched: the build logs say what pip installed
 
     handler = functools.partial(Quiet, directory=str(folder))
@@ -518,7 +519,8 @@ class Docker:
         sockets in /run/containerd/s whatever its state folder says), containerd, then dockerd."""
         containerd_sock = self.run_dir / "containerd.sock"
         daemon_json = self.root / "daemon.json"
-        # Not /etc/docker/daemon.json; the trust key (a flag no longer) not in /etc/docker/key.json.
+        # Not /etc/docker/daemon.json; and the trust key, whose path dockerd 20.10 takes from its
+        # configuration file only, not in /etc/docker/key.json.
         daemon_json.write_text(json.dumps({"deprecated-key-path": str(self.root / "key.json")}) + "\n")
         dockerd = [
             "dockerd",
