@@ -42,7 +42,7 @@ from ray.data.collate_fn import NumpyBatchCollateFn
 from torch import nn
 
 from rayship import api
-from rayship_workloads import data, integrity, progress, storage, strategies
+from rayship_workloads import data, integrity, podlog, progress, storage, strategies
 from rayship_workloads.strategies import Strategy
 
 TrainLoop = Callable[[dict[str, Any]], None]
@@ -351,6 +351,9 @@ def run_epochs(
     checkpoint another trial handed over), with a checkpoint every `checkpoint.everyEpochs` epochs
     and after the last one."""
     epochs, every, step = spec.trainer.epochs, spec.checkpoint.every_epochs, start.step
+    context = ray.train.get_context()
+    rank = context.get_world_rank()
+    podlog.worker_started(rank, context.get_world_size(), start.epoch)
     stopping = EarlyStopping.of(spec, start)
     if stopping is not None and stopping.stopped:
         return  # this run had stopped early before it was resumed: nothing is left to train
@@ -369,6 +372,7 @@ def run_epochs(
             metrics[STOPPED_EARLY] = True
         save = epoch % every == 0 or epoch == epochs or stop
         report(strategy, run, epoch=epoch, step=step, metrics=metrics, save=save, early_stopping=stopping)
+        podlog.say(f"rank {rank} epoch {epoch}/{epochs} loss {metrics['loss']:.6g}")
         if on_epoch_end is not None:
             on_epoch_end(epoch)
         if stop:
