@@ -10,8 +10,8 @@ OUTSIDE the clone, named by a hash of everything that goes into it:
 
 which `ctr -n k8s.io images import` reads (refs docker.io/rayship/<image>:<tag>). A second run with
 nothing changed checks the hashes and builds nothing; a change to the Python sources rebuilds only
-the last layer of each Dockerfile (Docker's layer cache stays in the cache's data root), while one to
-README.md or pyproject.toml reinstalls the dependencies (the Dockerfiles copy both first).
+the last layer of each Dockerfile (Docker's layer cache stays in the cache's data root), as does one
+to README.md; one to pyproject.toml reinstalls the dependencies (the Dockerfiles read them from it).
 
 Why Docker: Debian packages dockerd 20.10 (docker.io) with BuildKit built in and the docker CLI
 20.10 that drives it without buildx; buildkitd and nerdctl are not packaged in bookworm (they would

@@ -467,7 +467,7 @@ MUTATIONS = [
         "['dependencies']",
         "['optional-dependencies']['workloads']",
     ),
-    (OPERATOR_DOCKERFILE, check_operator_build_inputs, "pyproject.toml README.md", "pyproject.toml"),
+    (OPERATOR_DOCKERFILE, check_operator_build_inputs, "COPY README.md /tmp/rayship-src/\n", ""),
     (OPERATOR_DOCKERFILE, check_version_label, f"VERSION={__version__}", "VERSION=0.0.0"),
     (
         OPERATOR_DOCKERFILE,
