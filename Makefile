@@ -82,7 +82,7 @@ TIERS_AFTER := tests/e2e
 
 # Each tier's output is also kept in .venv/tier-*.log; the last lines repeat every tier's failures
 # (pytest's FAILED/ERROR lines), so that the end of a long CI log says which test failed.
-test: setup ## the whole suite (every tier; what CI runs)
+test: setup cluster-build node-deps images ## the whole suite (every tier; what CI runs)
 	@log=$(VENV)/tier-without-ray.log; \
 	echo "--- $(TIERS_WITHOUT_RAY) (beside the Ray tier; its output follows it)"; \
 	$(PYTEST) -q --durations=10 $(TIERS_WITHOUT_RAY) > $$log 2>&1 & beside=$$!; \
@@ -128,7 +128,7 @@ images: ## build the operator image and the CPU workload image, no registry need
 
 kind-up: setup images ## kind cluster + images + KubeRay 1.7.0 + rayship (from the chart)
 	kind create cluster --name $(KIND_CLUSTER)
-	kind load docker-image --name $(KIND_CLUSTER) rayship/rayship-operator:$(VERSION) rayship/rayship-workloads:$(VERSION)-cpu
+	python3 images/build.py --print | awk '{print $$2}' | xargs -n1 kind load image-archive --name $(KIND_CLUSTER)
 	$(BIN)/helm repo add kuberay https://ray-project.github.io/kuberay-helm/
 	$(BIN)/helm install kuberay-operator kuberay/kuberay-operator --version 1.7.0 --kube-context kind-$(KIND_CLUSTER) --wait
 	$(BIN)/helm install rayship charts/rayship -n rayship-system --create-namespace --kube-context kind-$(KIND_CLUSTER) \
@@ -164,8 +164,8 @@ cluster-down: ## stop everything cluster-up started, remove its network namespac
 test-controlplane: setup cluster-build ## the control-plane tests (reuse a running cluster, or start and stop one)
 	$(PYTEST) -q -m controlplane tests/controlplane
 
-e2e-local: setup cluster-build ## end to end without Docker: the CPU samples trained and served by real Ray heads (~6 min)
-	flock /tmp/rayship-ray.lock $(PYTEST) -q -s -m e2e_local tests/e2e/test_local.py
+e2e-local: setup cluster-build node-deps images ## end to end on real pods (the real node real-0): train across two worker pods, serve, roll out, fail, resume (~15 min)
+	flock /tmp/rayship-ray.lock $(PYTEST) -q -s -m realpods tests/e2e
 
 ##@ Benchmarks
 .PHONY: bench
@@ -189,7 +189,7 @@ verify: setup ## fail if generated files are stale
 	$(BIN)/rayship generate --check
 
 lint: setup ## ruff lint + format check, mypy over operator/ and workloads/
-	$(BIN)/ruff check operator workloads tests tools controlplane bench
-	$(BIN)/ruff format --check operator workloads tests tools controlplane bench
+	$(BIN)/ruff check operator workloads tests tools controlplane bench images
+	$(BIN)/ruff format --check operator workloads tests tools controlplane bench images
 	@# mypy's cache per machine, beside the other caches: a fresh clone checks in seconds, not 2 min
 	MYPY_CACHE_DIR=$(RAYSHIP_CACHE)/mypy $(BIN)/mypy

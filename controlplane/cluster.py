@@ -1,8 +1,10 @@
 """A real Kubernetes control plane on loopback, without Docker (`make cluster-up` / `make cluster-down`).
 
 Real etcd, kube-apiserver, kube-controller-manager and kube-scheduler (built from pinned modules by
-controlplane/build.py), kwok simulating the nodes and the pod lifecycle, the real KubeRay operator
-and the real rayship operator, each authenticated and authorised as it would be on a cluster:
+controlplane/build.py), kwok simulating the GPU and CPU nodes and their pods, a real node real-0
+(controlplane/node.py: containerd, kubelet, kube-proxy, CoreDNS) running real pods from our images,
+the real KubeRay operator and the real rayship operator (the chart's pod on real-0; a host process
+where real-0 does not run), each authenticated and authorised as it would be on a cluster:
 
     component                 identity                                   authorised by
     kube-apiserver            serving cert for 127.0.0.1 / kubernetes.default.svc
@@ -13,10 +15,14 @@ and the real rayship operator, each authenticated and authorised as it would be 
     PV provisioner            client cert CN=rayship:provisioner         ClusterRole rayship:provisioner
     KubeRay operator          ServiceAccount kuberay-system/kuberay-operator, TokenRequest token
                                                                          ClusterRole kuberay-operator (KubeRay's chart rules)
-    rayship operator          the chart's ServiceAccount, TokenRequest token  the chart's own RBAC
-    Ray head stand-in        client cert O=system:masters (the admin)   it plays the kubelet of Ray head
-    (controlplane/raypods.py)                                            pods: pod status, TokenRequest, Secrets
-    API server forwarder     none (TCP, TLS passes through)
+    rayship operator          the chart's ServiceAccount (its pod's token, or a TokenRequest token)
+                                                                         the chart's own RBAC
+    kubelet (real-0)          client cert O=system:nodes/CN=system:node:real-0   the Node authorizer
+    kube-proxy                client cert CN=system:kube-proxy           bootstrap system:node-proxier
+    CoreDNS                   client cert CN=rayship:coredns             ClusterRole rayship:coredns
+    API server -> kubelet     client cert CN=kube-apiserver-kubelet-client   system:kubelet-api-admin
+                              (the kubelet's serving cert is checked against the cluster CA)
+    API server forwarders     none (TCP, TLS passes through)
     you (.cluster/kubeconfig) client cert O=system:masters
 
 Address plan (nothing a component dials can leave this machine):
@@ -28,27 +34,23 @@ Address plan (nothing a component dials can leave this machine):
                          local) makes every address of it local; as nothing listens, a connection to
                          any pod IP (the apiserver's pod/service proxy, KubeRay's dashboard client
                          through it) is refused at once by this machine's own kernel.
-        10.244.0.0/24    node InternalIPs (10.244.0.11-13); pods never get these
+        10.244.0.0/24    node InternalIPs (10.244.0.11-14; .14 is real-0), the API server's advertise
+                         address .1 and the cluster DNS .10 (controlplane/node.py); pods never get these
         10.244.1.0/24    podCIDR of node kwok-cpu-0
         10.244.2.0/24    podCIDR of node kwok-gpu-l4-0
         10.244.3.0/24    podCIDR of node kwok-gpu-a100-0
-    10.96.0.0/16         SERVICE_CIDR (ClusterIPs), routed into the same namespace, refused the same way.
-
-    Real Ray heads (controlplane/raypods.py, for the head pods of namespaces labelled
-    rayship.dev/ray-heads=real, `default` included): a namespace `rsp-<pod uid>` per pod and a veth
-    pair from `rayship-pods` into it (`rsp-<uid[:8]>` there, `eth0` in the pod), the pod's IP/32 on
-    eth0 with a default route via 169.254.244.2, `<pod IP>/32 dev rsp-<uid[:8]> table local` in
-    `rayship-pods` (more specific than the local /16, so it wins) and net.ipv4.ip_forward=1 there.
-    The host route needs no change; only those pod IPs answer, every other address is still refused.
-    169.254.244.1:443    (LINK_HOST_IP) the API server as pods reach it (KUBERNETES_SERVICE_HOST): a
-                         TCP forwarder to 127.0.0.1:<apiserver>; the IP is a SAN of its certificate.
+        10.244.4.0/24    real-0's pods, on its bridge in `rayship-pods` (a more specific route there)
+    10.96.0.0/16         SERVICE_CIDR (ClusterIPs), routed into the same namespace: kube-proxy's rules
+                         there lead a ClusterIP to its pods; any other is refused the same way.
+    169.254.244.1:443    (LINK_HOST_IP) the API server as the node reaches it: a TCP forwarder to
+                         127.0.0.1:<apiserver>; the IP is a SAN of its certificate.
 
 Nothing here resolves a name: every address is a literal IP (the machine's resolver is not on
 loopback), and proxy variables are removed from every component's environment.
 
-CLI:  python controlplane/cluster.py up [--no-operator] | down | status | operator start|stop
-API:  up() -> Cluster, down(), status(), start_operator() -> OperatorHandle, stop_operator() -> bool,
-      operator_deployment(client),
+CLI:  python controlplane/cluster.py up [--no-operator] [--no-node] | down | status | operator start|stop
+API:  up(operator=, node=) -> Cluster, down(), leftovers(), status(), start_operator() -> OperatorHandle,
+      stop_operator() -> bool, scale_operator(n), operator_deployment(client), real_node_namespace(name),
       service_account_kubeconfig(namespace, name) -> Path
 """
 
@@ -90,7 +92,7 @@ LINK_HOST_IP, LINK_NS_IP = "169.254.244.1", "169.254.244.2"  # a /30 between the
 CLUSTER_DOMAIN = "cluster.local"
 SERVICE_IP = SERVICE_CIDR.split("/")[0].rsplit(".", 1)[0] + ".1"  # the `kubernetes` Service
 ADVERTISE_IP = "10.244.0.1"  # the API server's advertise address: the `kubernetes` Service's endpoint
-API_FORWARD_PORT = 443  # LINK_HOST_IP:443 -> the API server, for the Ray heads of controlplane/raypods.py
+API_FORWARD_PORT = 443  # LINK_HOST_IP:443 -> the API server, for the real node's components
 APISERVER_SANS = ["IP:127.0.0.1", f"IP:{SERVICE_IP}", f"IP:{LINK_HOST_IP}", "DNS:localhost", "DNS:kubernetes",
                   "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
                   f"DNS:kubernetes.default.svc.{CLUSTER_DOMAIN}"]  # fmt: skip
@@ -802,13 +804,6 @@ def _start_api_forward(paths: Paths, state: State) -> Proc:
     return _spawn("kube-apiserver-forward", argv, paths, _clean_env(paths, PYTHONUNBUFFERED="1"))
 
 
-def _start_raypods(paths: Paths) -> Proc:
-    """controlplane/raypods.py: real Ray heads for the Ray head pods (admin: it plays the kubelet)."""
-    argv = [_venv_python(), str(HERE / "raypods.py"), "--kubeconfig", str(paths.kubeconfig),
-            "--state-dir", str(paths.base)]  # fmt: skip
-    return _spawn("raypods", argv, paths, _clean_env(paths, PYTHONUNBUFFERED="1"))
-
-
 # --- the real node (controlplane/node.py) -----------------------------------------------------------
 # Started in this order, stopped in the reverse one (containerd last: the containers go before it).
 NODE_PROCS = ("containerd", "kubelet", "kube-proxy", "coredns", "node-api-forward")
@@ -1458,7 +1453,7 @@ CORE = (
 )
 # Started after CORE; `up` on a running cluster starts one that is missing (or restarts kwok / the API
 # server when its stages / certificate changed) in place, without restarting the rest.
-ADDONS = ("kube-apiserver-forward", "raypods")
+ADDONS = ("kube-apiserver-forward",)
 
 
 def _ready(paths: Paths, state: State) -> bool:
@@ -1520,6 +1515,9 @@ def up(operator: bool | None = True, paths: Paths | None = None, node: bool | No
                 _save_state(state, paths)
                 raise
             _save_state(state, paths)
+        elif node is True:  # running: the images as they are now (rebuilt and imported if a source changed)
+            npaths = _node_paths(paths)
+            _import_images(npaths, _node_archives(npaths))
         elif node is False and any(name in state.procs for name in NODE_PROCS):
             log(f"stopping the real node: {', '.join(_stop_node(paths, state))}")
             _save_state(state, paths)
@@ -1553,7 +1551,7 @@ def up(operator: bool | None = True, paths: Paths | None = None, node: bool | No
 
 def _ensure_addons(paths: Paths, state: State) -> None:
     """Bring a running cluster up to this file: the API server's certificate and kwok's stages as they
-    are now (restarting the one whose input changed), the ADDONS running, the default namespace's label."""
+    are now (restarting the one whose input changed), the ADDONS running."""
     server = f"https://127.0.0.1:{state.ports['apiserver']}"
     _ensure_pki(paths)
     for name, source in (("kube-apiserver", paths.pki / "apiserver.crt"), ("kwok", KWOK_STAGES)):
@@ -1574,9 +1572,8 @@ def _ensure_addons(paths: Paths, state: State) -> None:
         if proc is not None:
             _stop(proc)
         log(f"{name} is not running: starting it")
-        state.procs[name] = _start_api_forward(paths, state) if name in ADDONS[:1] else _start_raypods(paths)
+        state.procs[name] = _start_api_forward(paths, state)
         _save_state(state, paths)
-    _kubectl_apply(paths, [_default_namespace()])
     _wait_api_forward(state.procs["kube-apiserver-forward"])
 
 
@@ -1586,14 +1583,6 @@ def _wait_api_forward(proc: Proc) -> None:
             return True
 
     _wait("the API server forwarder", listening, 30, proc)
-
-
-def _default_namespace() -> dict[str, Any]:
-    """`default` runs real Ray heads for its Ray head pods (controlplane/raypods.py)."""
-    from controlplane import raypods
-
-    return {"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": "default", "labels": {raypods.NAMESPACE_LABEL: raypods.REAL}}}  # fmt: skip
 
 
 def _start(paths: Paths) -> State:
@@ -1654,16 +1643,15 @@ def _start(paths: Paths) -> State:
         kcm = spawn(_start_controller_manager(paths, state, bins, server))
         sched = spawn(_start_scheduler(paths, state, bins, server))
         client = _api(paths.kubeconfig)
-        _kubectl_apply(paths, [*_bootstrap_objects(), _default_namespace()])
+        _kubectl_apply(paths, _bootstrap_objects())
         lap("RBAC, StorageClass, namespaces")
         kwok = spawn(_start_kwok(paths, bins, server))
         spawn(_start_provisioner(paths, server))
         forward = spawn(_start_api_forward(paths, state))
-        spawn(_start_raypods(paths))
         state.digests = {"kube-apiserver": _digest(paths.pki / "apiserver.crt"), "kwok": _digest(KWOK_STAGES)}
         _create_nodes(client)
         _wait_api_forward(forward)
-        lap("nodes, forwarder, Ray head stand-in")
+        lap("nodes, forwarder")
         crds.join()
         lap("KubeRay CRDs established")
         kuberay = spawn(_start_kuberay(paths, state, bins, client, server))
@@ -1735,9 +1723,6 @@ def _down(paths: Paths) -> list[str]:
         if proc.alive():
             stopped.append(f"{name} (pgid {proc.pid})")
         _stop(proc)
-    from controlplane import raypods
-
-    stopped += raypods.cleanup(paths.base)  # what a stand-in killed mid-way left behind
     if _remove_netns():
         stopped.append(f"netns {NETNS} with its routes")
     netns_dir = Path("/run/netns")

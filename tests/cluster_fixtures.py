@@ -34,9 +34,7 @@ def _why_not() -> str | None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build what is missing before the first test runs (the first build takes many minutes)."""
     if not any(
-        item.get_closest_marker(m)
-        for item in session.items
-        for m in ("controlplane", "operator", "e2e_local")
+        item.get_closest_marker(m) for item in session.items for m in ("controlplane", "operator", "realpods")
     ):
         return
     if _why_not() is not None or not build.missing():
