@@ -1,0 +1,458 @@
+"""End to end on real pods (`make e2e-local`, in `make test`): our images on the real node real-0
+(controlplane/node.py: containerd, a real kubelet, kube-proxy, CoreDNS) of the local control plane.
+
+kubectl apply -> the rayship operator (the chart's pod on real-0, as the chart's ServiceAccount) ->
+RayJob / RayService -> the real KubeRay -> a Ray head and worker pods from the workload image ->
+DDP across two worker pods over the pod network, checkpoints on the PVC, Serve answering through its
+Service -> statuses from KubeRay's own. The scenarios share one namespace (its pods run on real-0)
+and run in order: the service serves the model the training exported to the PVC.
+
+Sizes fit the node's 2 CPUs: heads and workers request fractions of a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controlplane import cluster as controlplane
+from controlplane import node as realnode
+from rayship import __version__, api, names
+from tests.conftest import SAMPLES
+from tests.operator.conftest import refused_lines
+from tests.operator.kube import Kube, wait_for
+
+pytestmark = [pytest.mark.realpods, pytest.mark.timeout(600)]
+
+TJ, MS, RJ, RS = api.TRAININGJOBS, api.MODELSERVICES, api.RAYJOBS, api.RAYSERVICES
+TRAINING, SERVING = "mlp-cpu", "mlp-cpu"  # the samples' names
+CLAIM = "rayship-checkpoints"
+# What the samples ask, cut to the node: a head of half a CPU, workers of half a CPU each.
+SMALL_TRAINING = {
+    # the head holds GCS, the dashboard, the job's driver and Ray Train's controller: ~2 GB
+    "head": {"cpus": 0.5, "memory": "3Gi"},
+    "workers": {"replicas": 2, "gpusPerWorker": 0, "cpusPerWorker": 0.5, "memoryPerWorker": "2Gi"},
+    "ttlSecondsAfterFinished": 5,  # the finished job's Ray cluster frees the node soon
+}
+SMALL_SERVICE = {
+    "head": {"cpus": 0.25, "memory": "3Gi"},
+    "resources": {"gpus": 0, "cpus": 0.5, "memory": "2Gi"},
+}
+
+
+@pytest.fixture(scope="module")
+def kube(real_namespace: str, api) -> Iterator[Kube]:
+    """The test namespace (its pods run on real-0) with the samples' checkpoint PVC."""
+    kube = Kube(api, real_namespace)
+    kube.pvc(CLAIM)
+    yield kube
+
+
+@pytest.fixture(scope="module")
+def operator(real_node, api) -> Iterator[Any]:
+    """The rayship operator runs as the chart's pod; nothing it asks for may be refused meanwhile."""
+    dep = controlplane.operator_deployment(api)
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    yield dep
+    logs = real_node.kubectl(
+        "logs", "-n", dep.metadata.namespace, f"deployment/{dep.metadata.name}", f"--since-time={since}"
+    ).stdout
+    refused = refused_lines(logs)
+    assert not refused, "the operator made requests its RBAC refuses:\n" + "\n".join(refused[:20])
+
+
+def apply(cluster, kube: Kube, sample: str, **spec: Any) -> dict[str, Any]:
+    """`kubectl apply` a sample into the test namespace (spec fields replaced by `spec`)."""
+    doc = yaml.safe_load((SAMPLES / sample).read_text())
+    doc["metadata"]["namespace"] = kube.namespace
+    doc["spec"].update(spec)
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+    return doc
+
+
+def claim_folder(kube: Kube) -> Path:
+    """The PVC's folder on this machine (the provisioner's hostPath PV)."""
+    volume = wait_for(
+        lambda: kube.core.read_namespaced_persistent_volume_claim(CLAIM, kube.namespace).spec.volume_name,
+        60,
+        what=f"the claim {CLAIM} bound",
+    )
+    return Path(kube.core.read_persistent_volume(volume).spec.host_path.path)
+
+
+LOCAL_PREDICT = """
+import json, sys, torch
+from rayship_workloads.models import load_model
+net, manifest = load_model(sys.argv[1])
+n = len(manifest["features"])
+rows = [[float(v) for v in row[:n]] for row in json.loads(sys.argv[2])]
+with torch.no_grad():
+    print(json.dumps({"rows": rows, "out": net(torch.tensor(rows, dtype=torch.float32)).tolist()}))
+"""
+
+
+def predict_in_pod(cluster, kube: Kube, model: str, rows: list[list[float]]) -> tuple[list[list[float]], Any]:
+    """(rows cut to the model's features, its outputs for them), computed apart from Serve: the
+    model loaded from the PVC by a plain python in a serving pod (the pods' user: the run's checkpoint
+    key is trusted only by the user that wrote it)."""
+    cluster_name = kube.status(RS, names.rayservice_name(SERVING))["activeServiceStatus"]["rayClusterName"]
+    pod = kube.pods(f"ray.io/cluster={cluster_name},ray.io/node-type=head")[0].metadata.name
+    out = cluster.kubectl("exec", "-n", kube.namespace, pod, "--", "python", "-c", LOCAL_PREDICT, model,
+                          json.dumps(rows)).stdout  # fmt: skip
+    found = json.loads(out.strip().splitlines()[-1])
+    return found["rows"], found["out"]
+
+
+def on_host(kube: Kube, pod_path: str) -> Path:
+    mount = "/mnt/checkpoints"  # the samples' checkpoint mountPath
+    assert pod_path.startswith(mount + "/"), pod_path
+    return claim_folder(kube) / pod_path.removeprefix(mount + "/")
+
+
+def phase(kube: Kube, resource: api.Resource, name: str, *finals: str) -> str:
+    """The phase, failing at once on a final phase other than `finals`."""
+    status = kube.status(resource, name)
+    found = status.get("phase") or ""
+    assert found not in ({"Failed", "Invalid"} - set(finals)), json.dumps(status, indent=1)[:3000]
+    return found
+
+
+def test_ddp_trains_across_two_worker_pods_and_succeeds_from_kuberays_status(
+    real_node, operator, kube: Kube
+) -> None:
+    """Scenario 1: a head and two worker pods from the workload image on real-0; DDP's two ranks, one
+    in each worker pod, talk over the pod network; the checkpoints land on the PVC; `Succeeded` comes
+    from KubeRay's status; each worker pod's `kubectl logs` names its rank."""
+    cluster = real_node
+    t0 = time.monotonic()
+    apply(cluster, kube, "kind-trainingjob-cpu.yaml", **SMALL_TRAINING)
+
+    # While it runs, `kubectl get tj` shows the epoch and the loss the workload patched (as the job's
+    # own ServiceAccount, through the API server, with the token mounted in the pod).
+    def progress_row() -> str | None:
+        out = cluster.kubectl("get", "tj", TRAINING, "-n", kube.namespace).stdout
+        header, row = out.splitlines()[:2]
+        cells = dict(zip(header.split(), row.split(), strict=False))
+        if phase(kube, TJ, TRAINING, "Succeeded") == "Succeeded":
+            pytest.fail(f"Succeeded before any progress was seen while Running:\n{out}")
+        return out if cells.get("PHASE") == "Running" and cells.get("EPOCH", "").isdigit() else None
+
+    out = wait_for(progress_row, 420, interval=0.3, what="EPOCH and LOSS in `kubectl get tj` while Running")
+    first_epoch = time.monotonic() - t0
+    header = out.splitlines()[0].split()
+    assert {"EPOCH", "LOSS"} <= set(header), out
+    loss = out.splitlines()[1].split()[header.index("LOSS")]
+    assert float(loss) > 0, out
+
+    cluster_name = kube.status(RJ, names.rayjob_name(TRAINING))["rayClusterName"]
+    workers = kube.pods(f"ray.io/cluster={cluster_name},ray.io/node-type=worker")
+    assert len(workers) == 2, [p.metadata.name for p in workers]
+    assert {p.spec.node_name for p in workers} == {realnode.NAME}
+    assert len({p.status.pod_ip for p in workers}) == 2, "the two ranks are in two pods"
+    ranks = {}
+    for pod in workers:
+        logs = cluster.kubectl("logs", "-n", kube.namespace, pod.metadata.name).stdout
+        ranks[pod.metadata.name] = {line.split("rank ")[1].split()[0] for line in logs.splitlines()
+                                    if "rayship: training worker rank " in line}  # fmt: skip
+    assert sorted(r for found in ranks.values() for r in found) == ["0", "1"], ranks
+
+    wait_for(lambda: phase(kube, TJ, TRAINING, "Succeeded") == "Succeeded", 300, what="Succeeded")
+    rayjob = kube.status(RJ, names.rayjob_name(TRAINING))
+    assert rayjob["jobStatus"] == "SUCCEEDED" and rayjob["jobDeploymentStatus"] == "Complete", rayjob
+    status = kube.status(TJ, TRAINING)
+    assert status["progress"]["epoch"] == 3
+    model = status["checkpoint"]["model"]
+    assert (on_host(kube, model) / "rayship-model.json").is_file(), f"{model} is not on the PVC"
+    print(
+        f"training on real pods: first epoch {first_epoch:.0f}s after apply, Succeeded in {time.monotonic() - t0:.0f}s"
+    )
+
+
+def test_modelservice_serves_the_trained_model_through_the_api_servers_service_proxy(
+    real_node, operator, kube: Kube
+) -> None:
+    cluster = real_node
+    wait_for(lambda: phase(kube, TJ, TRAINING, "Succeeded") == "Succeeded", 300, what="the training")
+    t0 = time.monotonic()
+    apply(cluster, kube, "kind-modelservice-cpu.yaml", **SMALL_SERVICE)
+    wait_for(lambda: phase(kube, MS, SERVING, "Ready") == "Ready", 300, what="the ModelService Ready")
+    status = kube.status(MS, SERVING)
+    model = kube.status(TJ, TRAINING)["checkpoint"]["model"]
+    assert status["modelURI"] == model
+
+    rows, expected = predict_in_pod(
+        cluster, kube, model, [[0.1 * (i + j) for i in range(64)] for j in range(3)]
+    )
+
+    spec = yaml.safe_load((SAMPLES / "kind-modelservice-cpu.yaml").read_text())["spec"]
+    path = (
+        f"/api/v1/namespaces/{kube.namespace}/services/{names.rayservice_name(SERVING)}-serve-svc:serve"
+        f"/proxy{spec['routePrefix']}/predict"
+    )
+
+    def predict() -> dict[str, Any] | None:
+        res = cluster.kubectl(
+            "create", "--raw", path, "-f", "-", input=json.dumps({"instances": rows}), check=False
+        )
+        return json.loads(res.stdout) if res.returncode == 0 else None
+
+    answer = wait_for(predict, 60, what=f"a prediction through {path}")
+    served = answer["predictions"]
+    assert len(served) == len(expected) and all(
+        len(a) == len(b) for a, b in zip(served, expected, strict=True)
+    )
+    flat = [y for row in served for y in row]
+    assert flat == pytest.approx([y for row in expected for y in row], rel=1e-5, abs=1e-6), (served, expected)
+    print(f"serving: Ready and predicting in {time.monotonic() - t0:.0f}s")
+
+
+def test_a_retrained_model_rolls_out_in_place_while_requests_keep_succeeding(
+    real_node, operator, kube: Kube
+) -> None:
+    """The service follows a new TrainingJob: only serveConfigV2 changes (an in-place Serve rollout
+    on the same Ray cluster); every request during it is answered; status.modelURI names the new
+    model only once Serve answers with it."""
+    cluster = real_node
+    wait_for(lambda: phase(kube, MS, SERVING, "Ready") == "Ready", 300, what="the service from the last test")
+    old = kube.status(MS, SERVING)["modelURI"]
+    cluster_before = kube.status(RS, names.rayservice_name(SERVING))["activeServiceStatus"]["rayClusterName"]
+    doc = yaml.safe_load((SAMPLES / "kind-trainingjob-cpu.yaml").read_text())
+    doc["metadata"] = {"name": "mlp-cpu-v2", "namespace": kube.namespace}
+    doc["spec"].update(SMALL_TRAINING)
+    # beside the running service (its head, KubeRay's autoscaler sidecar of 0.5 CPU, a replica): one
+    # small worker, so that both fit the node's 2 CPUs
+    doc["spec"]["head"] = {"cpus": 0.25, "memory": "3Gi"}
+    doc["spec"]["workers"].update(replicas=1, cpusPerWorker=0.25)
+    doc["spec"]["trainer"]["learningRate"] = 0.05  # another model
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+    wait_for(lambda: phase(kube, TJ, "mlp-cpu-v2", "Succeeded") == "Succeeded", 300, what="the retraining")
+    new = kube.status(TJ, "mlp-cpu-v2")["checkpoint"]["model"]
+    assert new != old
+
+    rows, outputs = predict_in_pod(
+        cluster, kube, new, [[0.05 * (i - j) for i in range(64)] for j in range(2)]
+    )
+    expected_new = [y for row in outputs for y in row]
+    path = (
+        f"/api/v1/namespaces/{kube.namespace}/services/{names.rayservice_name(SERVING)}-serve-svc:serve"
+        "/proxy/mlp/predict"
+    )
+    answers: list[tuple[str | None, list[float] | None]] = []  # (modelURI in status, prediction)
+    stop = threading.Event()
+
+    def load() -> None:  # requests all through the rollout
+        while not stop.is_set():
+            uri = kube.status(MS, SERVING).get("modelURI")  # read before the request is sent
+            res = cluster.kubectl(
+                "create", "--raw", path, "-f", "-", input=json.dumps({"instances": rows}), check=False
+            )
+            flat = (
+                [y for row in json.loads(res.stdout)["predictions"] for y in row]
+                if res.returncode == 0
+                else None
+            )
+            answers.append((uri, flat))
+            time.sleep(0.2)
+
+    t0 = time.monotonic()
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    try:
+        kube.patch(MS, SERVING, {"spec": {"model": {"fromTrainingJob": {"name": "mlp-cpu-v2"}}}})
+        wait_for(
+            lambda: kube.status(MS, SERVING).get("modelURI") == new, 240, what="modelURI on the new model"
+        )
+        time.sleep(2)
+    finally:
+        stop.set()
+        worker.join(30)
+    failed = [a for a in answers if a[1] is None]
+    assert answers and not failed, f"{len(failed)} of {len(answers)} requests failed during the rollout"
+    # Once the status names the new model, Serve answers with it: every request sent after that.
+    after = [flat for uri, flat in answers if uri == new]
+    assert after, "no request was sent after modelURI named the new model"
+    for flat in after:
+        assert flat == pytest.approx(expected_new, rel=1e-5, abs=1e-6), (
+            "modelURI named a model Serve did not serve"
+        )
+    upgrading = kube.condition(MS, SERVING, "Upgrading")
+    assert upgrading["status"] == "False", upgrading
+    rs = kube.status(RS, names.rayservice_name(SERVING))
+    assert rs["activeServiceStatus"]["rayClusterName"] == cluster_before  # in place: same cluster
+    print(f"rollout: {len(answers)} requests answered, modelURI switched after {time.monotonic() - t0:.0f}s")
+    kube.delete(MS, SERVING)  # frees the CPUs for what follows
+    wait_for(lambda: kube.get(RS, names.rayservice_name(SERVING)) is None, 120, what="the RayService gone")
+
+
+def test_a_model_that_cannot_load_fails_with_serves_reason(real_node, operator, kube: Kube) -> None:
+    cluster = real_node
+    t0 = time.monotonic()
+    missing = "/mnt/models/no-such-run/model"
+    apply(cluster, kube, "kind-modelservice-cpu.yaml", model={"uri": missing}, **SMALL_SERVICE)
+    wait_for(lambda: phase(kube, MS, SERVING, "Failed") == "Failed", 300, what="the ModelService Failed")
+    ready = kube.condition(MS, SERVING, "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "DeployFailed", ready
+    # Serve's own words, as KubeRay read them from the real Serve: the application's message on the
+    # ModelService, and (in the RayService) the deployment's, which names the missing model.
+    rs = kube.status(RS, names.rayservice_name(SERVING))
+    apps = (rs.get("pendingServiceStatus") or {}).get("applicationStatuses") or (
+        rs.get("activeServiceStatus") or {}
+    ).get("applicationStatuses")
+    (app,) = apps.values()
+    assert app["status"] == "DEPLOY_FAILED" and ready["message"].startswith(app["message"]), (ready, app)
+    (deployment,) = app["serveDeploymentStatuses"].values()
+    assert "FileNotFoundError" in deployment["message"] and missing in deployment["message"], deployment
+    print(f"bad model: Failed in {time.monotonic() - t0:.0f}s: {ready['message'][:200]}")
+    kube.delete(MS, SERVING)
+    wait_for(lambda: kube.get(RS, names.rayservice_name(SERVING)) is None, 120, what="the RayService gone")
+
+
+def test_a_deleted_worker_pod_is_replaced_and_training_resumes_from_the_latest_checkpoint(
+    real_node, operator, kube: Kube
+) -> None:
+    """Scenario 5: a worker pod deleted mid-training (as a lost node would take it): Ray Train
+    loses a rank, KubeRay makes a new worker pod, and the training goes on from the latest checkpoint
+    on the PVC (never from scratch); the status says from which epoch."""
+    name = "resume"
+    doc = yaml.safe_load((SAMPLES / "kind-trainingjob-cpu.yaml").read_text())
+    doc["metadata"] = {"name": name, "namespace": kube.namespace}
+    doc["spec"].update(SMALL_TRAINING)
+    epochs_in_all = 5  # deleted after epoch 2 or 3: the next attempt trains the last 2 or 3
+    doc["spec"]["trainer"]["epochs"] = epochs_in_all
+    doc["spec"]["data"]["samples"] = 16384  # epochs of a few seconds: the deletion lands between two
+    real_node.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+    run = claim_folder(kube) / f"{kube.namespace}.{name}"
+    epochs: list[int] = []  # every epoch seen in status.progress, in order
+
+    def checkpoints() -> list[int]:
+        return sorted(int(p.name.rsplit("-", 1)[-1]) for p in run.glob("epoch-*")) if run.is_dir() else []
+
+    def watch(done: str) -> bool:
+        epoch = (kube.status(TJ, name).get("progress") or {}).get("epoch")
+        if epoch is not None and (not epochs or epochs[-1] != epoch):
+            epochs.append(epoch)
+        if done == "checkpointed":
+            assert phase(kube, TJ, name) != "Succeeded", f"finished before the deletion: epochs {epochs}"
+            return bool(epoch and epoch >= 2 and checkpoints())
+        return phase(kube, TJ, name, "Succeeded") == "Succeeded"
+
+    wait_for(lambda: watch("checkpointed"), 420, interval=0.2, what="two epochs and a checkpoint on the PVC")
+    seen = len(epochs)
+    deleted_at = epochs[-1]
+    cluster_name = kube.status(RJ, names.rayjob_name(name))["rayClusterName"]
+    victim = kube.pods(f"ray.io/cluster={cluster_name},ray.io/node-type=worker")[0]
+    # At once, as a lost node takes it (a graceful delete waits out the grace period: `ray start`
+    # runs under a shell that ignores SIGTERM, and the last epochs could end before the kill).
+    kube.core.delete_namespaced_pod(victim.metadata.name, kube.namespace, grace_period_seconds=0)
+
+    wait_for(lambda: watch("succeeded"), 420, interval=0.2, what="Succeeded after a worker pod was deleted")
+    after = epochs[seen:]
+    assert after and min(after) >= deleted_at >= 2, f"epochs {epochs}; deleted after epoch {deleted_at}"
+    workers = kube.pods(f"ray.io/cluster={cluster_name},ray.io/node-type=worker")
+    assert victim.metadata.uid not in {p.metadata.uid for p in workers}, "the deleted pod was replaced"
+    rayjob = kube.status(RJ, names.rayjob_name(name))
+    assert rayjob["jobStatus"] == "SUCCEEDED", rayjob
+    status = kube.status(TJ, name)
+    assert status["progress"]["epoch"] == epochs_in_all and status["checkpoint"]["model"], status
+    resumed = status["progress"].get("resumedFromEpoch", 0)
+    assert deleted_at - 1 <= resumed < epochs_in_all, (status["progress"], epochs)
+    print(
+        f"resume: worker deleted after epoch {deleted_at} (checkpoints {checkpoints()}); epochs seen {epochs}"
+    )
+
+
+def test_what_users_hit_first_is_named_in_the_status_with_the_pod(real_node, operator, kube: Kube) -> None:
+    """Scenario 7: an image that does not exist, then a worker pod too small for Ray: each named in the
+    TrainingJob's Running condition with the pod and the kubelet's reason (an unschedulable pod is
+    the operator tier's, on kwok nodes)."""
+
+    def job(name: str, **spec: Any) -> None:
+        doc = yaml.safe_load((SAMPLES / "kind-trainingjob-cpu.yaml").read_text())
+        doc["metadata"] = {"name": name, "namespace": kube.namespace}
+        doc["spec"].update(SMALL_TRAINING, **spec)
+        real_node.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+
+    def reason(name: str, *wanted: str) -> dict[str, Any] | None:
+        running = kube.condition(TJ, name, "Running")
+        return running if running.get("reason") in wanted else None
+
+    def gone(name: str) -> None:  # its pods free the node for what follows, passed or not
+        kube.delete(TJ, name)
+        wait_for(lambda: kube.get(RJ, names.rayjob_name(name)) is None, 120, what=f"{name}'s RayJob gone")
+
+    job("no-image", image="rayship/rayship-workloads:does-not-exist")
+    try:
+        found = wait_for(
+            lambda: reason("no-image", "ErrImagePull", "ImagePullBackOff"), 180, what="ErrImagePull"
+        )
+        assert "pod no-image-" in found["message"] and "does-not-exist" in found["message"], found
+    finally:
+        gone("no-image")
+
+    # Less memory than `ray start` itself needs: Ray refuses to start (its object store's minimum) or
+    # the kernel kills it; either way the container restarts until the kubelet backs off.
+    job("too-small", workers=dict(SMALL_TRAINING["workers"], memoryPerWorker="160Mi"))
+    try:
+        found = wait_for(
+            lambda: reason("too-small", "OOMKilled", "CrashLoopBackOff"), 300, what="the worker's crash"
+        )
+        assert "pod too-small-" in found["message"] and "container ray-worker" in found["message"], found
+        print(f"first problems: {found['message']}")
+    finally:
+        gone("too-small")
+
+
+def test_own_code_from_a_zip_served_inside_the_cluster(real_node, operator, kube: Kube) -> None:
+    """Scenario 6: examples/byo-loop as users ship it to a cluster: runtimeEnv.workingDir a zip of the
+    folder, here served over HTTP by a pod of the cluster (a ConfigMap holding it) at its Service's
+    DNS name; the driver and both workers run the user's own loop from it and the job succeeds."""
+    import base64
+    import io
+    import zipfile
+
+    folder = SAMPLES.parent.parent / "examples" / "byo-loop"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as archive:
+        for name in ("train_loop.py", "houses.csv"):
+            archive.write(folder / name, name)
+    kube.core.create_namespaced_config_map(
+        kube.namespace,
+        {"metadata": {"name": "code"}, "binaryData": {"byo-loop.zip": base64.b64encode(buf.getvalue()).decode()}},
+    )  # fmt: skip
+    server = {
+        "name": "http", "image": f"rayship/rayship-operator:{__version__}", "imagePullPolicy": "Never",
+        "command": ["python", "-m", "http.server", "8080", "--directory", "/srv"],
+        "volumeMounts": [{"name": "code", "mountPath": "/srv"}],
+        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+        "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
+    }  # fmt: skip
+    kube.core.create_namespaced_pod(kube.namespace, {
+        "metadata": {"name": "code", "labels": {"app": "code"}},
+        "spec": {"containers": [server], "volumes": [{"name": "code", "configMap": {"name": "code"}}]},
+    })  # fmt: skip
+    kube.core.create_namespaced_service(
+        kube.namespace, {"metadata": {"name": "code"}, "spec": {"selector": {"app": "code"}, "ports": [{"port": 80, "targetPort": 8080}]}}
+    )  # fmt: skip
+    doc = yaml.safe_load((folder / "trainingjob.yaml").read_text())
+    doc["metadata"] = {"name": "houses", "namespace": kube.namespace}
+    doc["spec"]["runtimeEnv"]["workingDir"] = (
+        f"http://code.{kube.namespace}.svc.{realnode.CLUSTER_DOMAIN}/byo-loop.zip"
+    )
+    doc["spec"].update(head=SMALL_TRAINING["head"], ttlSecondsAfterFinished=5)
+    doc["spec"]["workers"].update(cpusPerWorker=0.5, memoryPerWorker="2Gi")
+    t0 = time.monotonic()
+    real_node.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+    wait_for(
+        lambda: phase(kube, TJ, "houses", "Succeeded") == "Succeeded", 420, what="the own loop Succeeded"
+    )
+    status = kube.status(TJ, "houses")
+    assert status["progress"]["epoch"] == doc["spec"]["trainer"]["epochs"], status["progress"]
+    assert "evalLoss" in status["progress"]["metrics"], status["progress"]  # the user's loop reported it
+    print(f"own code from an in-cluster zip: Succeeded in {time.monotonic() - t0:.0f}s")
