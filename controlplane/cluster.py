@@ -87,6 +87,7 @@ from controlplane import node as realnode  # noqa: E402  (stdlib only)
 POD_CIDR = "10.244.0.0/16"
 SERVICE_CIDR = "10.96.0.0/16"
 NETNS = "rayship-pods"
+NETNS_DIR = "/run/netns"  # made by `up` when absent (with the mount `ip netns add` leaves), removed by `down`
 VETH_HOST, VETH_NS = "rs-pods0", "rs-pods1"
 LINK_HOST_IP, LINK_NS_IP = "169.254.244.1", "169.254.244.2"  # a /30 between the host and NETNS
 CLUSTER_DOMAIN = "cluster.local"
@@ -974,7 +975,7 @@ def _stop_node(paths: Paths, state: State) -> list[str]:
     stuck = realnode.remove_cgroups()
     if stuck:
         log("cgroups that could not be removed: " + "; ".join(stuck))
-    for target in [d for d in state.made_dirs if d in realnode.BOUND]:
+    for target in [d for d in state.made_dirs if d in realnode.BOUND and d != NETNS_DIR]:
         with contextlib.suppress(OSError):
             Path(target).rmdir()
         state.made_dirs.remove(target)
@@ -1609,7 +1610,7 @@ def _start(paths: Paths) -> State:
     shutil.rmtree(paths.etcd, ignore_errors=True)
     _ensure_pki(paths)
     lap("certificates")
-    netns_dir = Path("/run/netns")
+    netns_dir = Path(NETNS_DIR)
     made_netns_dir = not netns_dir.exists()  # `ip netns add` makes it, and a mount of it, for good
     state = State(ports={name: _free_port() for name in (
         "etcd-client", "etcd-peer", "apiserver", "kube-controller-manager", "kube-scheduler", "kuberay-metrics", "kuberay-probe",
@@ -1725,7 +1726,7 @@ def _down(paths: Paths) -> list[str]:
         _stop(proc)
     if _remove_netns():
         stopped.append(f"netns {NETNS} with its routes")
-    netns_dir = Path("/run/netns")
+    netns_dir = Path(NETNS_DIR)
     if str(netns_dir) in state.made_dirs and netns_dir.is_dir() and not any(netns_dir.iterdir()):
         _run(["umount", str(netns_dir)], check=False)  # the bind mount `ip netns add` made of it
         with contextlib.suppress(OSError):
