@@ -146,8 +146,12 @@ PROBE = textwrap.dedent(
 
 def test_cluster_dns_and_cluster_ip_services_from_a_pod(real_node, web: str, core) -> None:
     service = core.read_namespaced_service("echo", web)
-    out = real_node.kubectl("exec", "-n", web, "web", "--", "python", "-c", PROBE, web).stdout
-    seen = json.loads(out)
+
+    def probe() -> dict | None:  # kube-proxy programs a new Service's rules a moment after it exists
+        out = real_node.kubectl("exec", "-n", web, "web", "--", "python", "-c", PROBE, web, check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+
+    seen = wait_for(probe, 60, interval=1, what="DNS and the ClusterIP Service from the pod")
     assert seen["echo"] == service.spec.cluster_ip, seen
     assert seen["kubernetes"] == controlplane.SERVICE_IP, seen
     assert seen["answer"] == "web" and seen["apiserver"] == "connected", seen
