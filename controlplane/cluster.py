@@ -872,7 +872,7 @@ def _node_archives(npaths: realnode.NodePaths) -> dict[str, Path]:
     }
 
 
-def _start_node(paths: Paths, state: State, bins: dict[str, Path], server: str) -> None:
+def _start_node(paths: Paths, state: State, bins: dict[str, Path]) -> None:
     """containerd, the kubelet (node real-0), kube-proxy, CoreDNS and the in-namespace API forwarder."""
     why = node_missing()
     if why:
@@ -1509,7 +1509,7 @@ def up(operator: bool | None = True, paths: Paths | None = None, node: bool | No
         if node is True and not _node_running(state):
             _stop_node(paths, state)  # what a half-started node left
             try:
-                _start_node(paths, state, build.binaries(), f"https://127.0.0.1:{state.ports['apiserver']}")
+                _start_node(paths, state, build.binaries())
             except BaseException:
                 log("the real node did not start: stopping what of it was started")
                 _stop_node(paths, state)
