@@ -88,7 +88,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from controlplane import cluster as controlplane  # noqa: E402
-from rayship import api, names, trainingjob, validation  # noqa: E402
+from rayship import api, trainingjob  # noqa: E402
+from rayship.api import names, validation  # noqa: E402
 from rayship.conditions import owned_changes  # noqa: E402
 from rayship.config import OperatorConfig  # noqa: E402
 

@@ -47,8 +47,9 @@ import ray  # noqa: E402  (after the environment above)
 import torch  # noqa: E402
 from ray import serve  # noqa: E402
 
+from rayship.api import ServeArgs  # noqa: E402
 from rayship_workloads import models, recipes  # noqa: E402
-from rayship_workloads.serve import APP_NAME, ServeArgs, model_deployment, serve_locally  # noqa: E402
+from rayship_workloads.serve import APP_NAME, model_deployment, serve_locally  # noqa: E402
 
 ISSUE_MODEL = (256, [2048] * 6)  # issue 14's MLP: 21.5M parameters
 

@@ -4,7 +4,7 @@ CRD schemas do not reject unknown fields (the API server prunes them silently), 
 rendered manifest would be lost without a trace. Here every object schema that lists `properties`
 and lacks `x-kubernetes-preserve-unknown-fields` gets `additionalProperties: false`; nulls are
 dropped and schema defaults applied first, as the API server does. CEL rules
-(`x-kubernetes-validations`) are evaluated with rayship's CEL environment (`rayship.cel`), as on a create:
+(`x-kubernetes-validations`) are evaluated with rayship's CEL environment (`rayship.api.cel`), as on a create:
 transition rules (those that read `oldSelf`) are skipped, as the API server skips them there.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from rayship import cel
+from rayship.api import cel
 
 _TRANSITION_RULE = re.compile(r"\boldSelf\b")
 

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from rayship import __version__, api, trainingjob, yamlio
+from rayship import __version__, api, trainingjob
+from rayship.api import yamlio
+from rayship.api.validation import SpecError, parse
 from rayship.config import ConfigError, OperatorConfig, from_environment
-from rayship.validation import SpecError, parse
 
 if TYPE_CHECKING:
     from rayship import modelservice
@@ -221,7 +222,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     local = _workloads()
-    from rayship_workloads import serve_local
+    from rayship import serve_local
 
     if args.file:
         ms = _one(args.file, api.ModelService, local=True)

@@ -24,7 +24,8 @@ from typing import Any, cast
 import kopf
 from pydantic import SecretStr
 
-from rayship import api, k8s, metrics, modelservice, names, trainingjob
+from rayship import api, k8s, metrics, modelservice, trainingjob
+from rayship.api import names
 from rayship.conditions import Event, Plan, Probe, describe_foreign, owned_changes, ownership
 from rayship.config import OperatorConfig, from_environment
 from rayship.workqueue import WorkQueue

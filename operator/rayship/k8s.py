@@ -19,8 +19,7 @@ import kubernetes.utils
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from rayship import names
-from rayship.api import Resource
+from rayship.api import Resource, names
 from rayship.conditions import Probe, describe_foreign, ownership
 
 log = logging.getLogger("rayship")

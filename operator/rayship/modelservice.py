@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -24,7 +23,10 @@ from typing import Any, cast
 
 import yaml
 
-from rayship import api, names, pods
+from rayship import api, pods
+from rayship.api import names
+from rayship.api.validation import SpecError, parse
+from rayship.api.yamlio import canonical_json
 from rayship.conditions import (
     Event,
     Plan,
@@ -36,8 +38,6 @@ from rayship.conditions import (
     pod_problem,
 )
 from rayship.config import OperatorConfig
-from rayship.validation import SpecError, parse
-from rayship.yamlio import canonical_json
 
 IMPORT_PATH = "rayship_workloads.serve:app_builder"
 VLLM_IMPORT_PATH = "ray.serve.llm:build_openai_app"  # Ray Serve LLM's OpenAI-compatible application
@@ -263,34 +263,30 @@ def model_args(ms: api.ModelService, model: Model) -> dict[str, Any]:
 
 
 def serve_args(ms: api.ModelService, model: Model) -> dict[str, Any]:
-    """The application's `args`: exactly what `rayship_workloads.serve.ServeArgs` accepts."""
+    """The application's `args`, built through the contract's `ServeArgs` that the server reads them with."""
     spec = ms.spec
     multiplexing = (
         {"modelCacheSize": spec.model_cache_size or api.DEFAULT_MODEL_CACHE_SIZE}
         if spec.models
         else {"modelName": ms.metadata.name}  # the one model's name in OpenAI requests and /v1/models
     )
-    return {
-        **model_args(ms, model),
-        **multiplexing,
-        "routePrefix": spec.route_prefix,
-        "maxBatchSize": spec.batching.max_batch_size,
-        "batchWaitTimeoutS": spec.batching.batch_wait_timeout_ms / 1000,
-        "minReplicas": spec.replicas.min,
-        "maxReplicas": spec.replicas.max,
-        "targetOngoingRequests": spec.replicas.target_ongoing_requests,
-        "numCpus": spec.resources.cpus,
-        "numGpus": spec.resources.gpus,
-        "maxRequestBytes": spec.request_limits.max_request_bytes,
-        "maxRowsPerRequest": spec.request_limits.max_rows_per_request,
-    }
-
-
-def max_ongoing_requests(max_batch_size: int, target_ongoing_requests: float) -> int:
-    """Per-replica concurrency of the built-in server: room for a full batch in flight and the next one
-    filling, and headroom over the autoscaling target. (At Ray's default of 5, excess requests back off
-    in the proxy: unbatched, 16 clients got 56 req/s at 5 vs 282 req/s at 32 on a 2-core machine.)"""
-    return max(2 * max_batch_size, 2 * math.ceil(target_ongoing_requests))
+    args = api.ServeArgs.model_validate(
+        {
+            **model_args(ms, model),
+            **multiplexing,
+            "routePrefix": spec.route_prefix,
+            "maxBatchSize": spec.batching.max_batch_size,
+            "batchWaitTimeoutS": spec.batching.batch_wait_timeout_ms / 1000,
+            "minReplicas": spec.replicas.min,
+            "maxReplicas": spec.replicas.max,
+            "targetOngoingRequests": spec.replicas.target_ongoing_requests,
+            "numCpus": spec.resources.cpus,
+            "numGpus": spec.resources.gpus,
+            "maxRequestBytes": spec.request_limits.max_request_bytes,
+            "maxRowsPerRequest": spec.request_limits.max_rows_per_request,
+        }
+    )
+    return args.model_dump(by_alias=True, exclude_unset=True)
 
 
 def _autoscaling(min_: int, max_: int, target: float, initial: int | None) -> dict[str, Any]:
@@ -381,7 +377,7 @@ def serve_config(ms: api.ModelService, model: Model) -> dict[str, Any]:
                 replicas.min, replicas.max, replicas.target_ongoing_requests, replicas.initial
             ),
             "ray_actor_options": {"num_cpus": spec.resources.cpus, "num_gpus": spec.resources.gpus},
-            "max_ongoing_requests": max_ongoing_requests(
+            "max_ongoing_requests": api.max_ongoing_requests(
                 spec.batching.max_batch_size, replicas.target_ongoing_requests
             ),
         }

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rayship import api, names
+from rayship import api
+from rayship.api import names
 from rayship.config import OperatorConfig
 
 RAY_API_VERSION = f"{api.KUBERAY_GROUP}/{api.KUBERAY_VERSION}"

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rayship import api, names
+from rayship import api
+from rayship.api import names
 
 _OURS = [kind.plural for kind in api.KINDS]
 _KUBERAY = [api.RAYJOBS[2], api.RAYSERVICES[2]]

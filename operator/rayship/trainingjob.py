@@ -23,7 +23,10 @@ from typing import Any
 
 import yaml
 
-from rayship import api, names, pods
+from rayship import api, pods
+from rayship.api import names
+from rayship.api.validation import SpecError, parse_trainingjob
+from rayship.api.yamlio import canonical_json
 from rayship.conditions import (
     STUCK_WAITING_REASONS,
     Event,
@@ -36,8 +39,6 @@ from rayship.conditions import (
     pod_problem,
 )
 from rayship.config import OperatorConfig
-from rayship.validation import SpecError, parse_trainingjob
-from rayship.yamlio import canonical_json
 
 STUCK_REASONS = frozenset({"Unschedulable", "OOMKilled"}) | STUCK_WAITING_REASONS
 JOB_MODULE = "rayship_workloads.job"  # the workload driver: `python -m rayship_workloads.job --spec`

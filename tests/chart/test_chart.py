@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rayship import chart, generate, names, rbac
+from rayship import chart, generate, rbac
+from rayship.api import names
 from rayship.config import OperatorConfig, from_environment, variable
 from tests.conftest import ROOT
 

@@ -24,7 +24,8 @@ import yaml
 
 from controlplane import cluster as controlplane
 from controlplane import node as realnode
-from rayship import __version__, api, names
+from rayship import __version__, api
+from rayship.api import names
 from tests.conftest import SAMPLES
 from tests.operator.conftest import refused_lines
 from tests.operator.kube import Kube, wait_for

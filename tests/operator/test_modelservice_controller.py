@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rayship import api, names
+from rayship import api
+from rayship.api import names
 from tests.operator.kube import Kube, sample, wait_for
 
 pytestmark = pytest.mark.operator

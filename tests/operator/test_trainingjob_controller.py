@@ -12,7 +12,8 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from controlplane import cluster as controlplane
-from rayship import api, names
+from rayship import api
+from rayship.api import names
 from rayship.trainingjob import phase_of
 from tests.operator.kube import Kube, sample, wait_for
 

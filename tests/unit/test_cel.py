@@ -1,11 +1,12 @@
-"""rayship's CEL evaluation (`rayship.cel`): the API server's semantics, the quantity library, and the
+"""rayship's CEL evaluation (`rayship.api.cel`): the API server's semantics, the quantity library, and the
 rules defaults skip."""
 
 from __future__ import annotations
 
 import pytest
 
-from rayship import api, cel
+from rayship import api
+from rayship.api import cel
 
 MODELS = [m for m in vars(api).values() if isinstance(m, type) and issubclass(m, api.ApiModel)]
 RULES = sorted({r.rule for m in MODELS for r in m.cel_rules})

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from rayship import api, generate
-from rayship.validation import SpecError, parse
+from rayship.api.validation import SpecError, parse
 from tests.conftest import ROOT, SAMPLES
 from tests.unit.bad_corpus import SPEC_CASES
 

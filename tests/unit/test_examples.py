@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from rayship import cli, trainingjob
+from rayship.api.validation import parse, parse_trainingjob
 from rayship.config import OperatorConfig
-from rayship.validation import parse, parse_trainingjob
 from tests.conftest import ROOT
 from tools.kuberay_rules import rayjob_violations
 

@@ -187,7 +187,8 @@ def test_a_kept_object_is_trimmed_packed_and_read_back_as_a_fresh_copy() -> None
     diffbase annotation, none of `drop_spec`; one bytes object; each read is the caller's own copy."""
     import kopf
 
-    from rayship import handlers, names
+    from rayship import handlers
+    from rayship.api import names
 
     raw = {
         "apiVersion": "ray.io/v1",

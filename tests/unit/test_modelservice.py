@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from rayship import cli, modelservice
+from rayship.api.validation import SpecError, parse
 from rayship.config import OperatorConfig
-from rayship.validation import SpecError, parse
 from tests.conftest import ROOT, SAMPLES
 from tools.kuberay_rules import rayservice_violations
 
@@ -91,7 +91,8 @@ def test_serve_config_is_valid_for_ray_and_the_app(spec: Path) -> None:
     pytest.importorskip("ray.serve", reason="the workload stack is not installed: run `make setup`")
     from ray.serve.schema import ServeDeploySchema
 
-    from rayship_workloads.serve import APP_NAME, ServeArgs  # noqa: F401
+    from rayship.api import ServeArgs
+    from rayship_workloads.serve import APP_NAME  # noqa: F401
 
     config = serve_config(rendered(spec))
     ServeDeploySchema.model_validate(config)

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from rayship import cli, modelservice
+from rayship.api.validation import parse
 from rayship.config import OperatorConfig
-from rayship.validation import parse
 from tools.kuberay_rules import rayservice_violations
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "pipeline" / "modelservice.yaml"
@@ -94,7 +94,7 @@ def test_builtin_server_gets_the_request_limits_and_the_services_name(rayservice
     """spec.requestLimits reach the built-in server's args (its 413s), and the model's name in OpenAI
     requests and /v1/models is the ModelService's; both pass the server's own ServeArgs."""
     pytest.importorskip("ray.serve", reason="the workload stack is not installed: run `make setup`")
-    from rayship_workloads.serve import ServeArgs
+    from rayship.api import ServeArgs
 
     doc = yaml.safe_load((Path(__file__).parent / "specs" / "modelservice-uri-cpu.yaml").read_text())
     doc["spec"]["requestLimits"] = {"maxRequestBytes": 65536, "maxRowsPerRequest": 64}

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
-from rayship import api, cli, handlers, modelservice, names
+from rayship import api, cli, handlers, modelservice
+from rayship.api import names
+from rayship.api.validation import SpecError, parse
 from rayship.config import OperatorConfig
-from rayship.validation import SpecError, parse
 from tools.kuberay_rules import rayservice_violations
 
 SPEC = Path(__file__).parent / "specs" / "modelservice-models.yaml"
@@ -84,7 +85,7 @@ def test_render_matches_golden_and_is_valid_for_kuberay_ray_and_the_server(rayse
     pytest.importorskip("ray.serve", reason="the workload stack is not installed: run `make setup`")
     from ray.serve.schema import ServeDeploySchema
 
-    from rayship_workloads.serve import ServeArgs
+    from rayship.api import ServeArgs
 
     ServeDeploySchema.model_validate(yaml.safe_load(rayservice["spec"]["serveConfigV2"]))
     served = ServeArgs.model_validate(args)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rayship import api, names, pods
+from rayship import api, pods
+from rayship.api import names
 from rayship.config import OperatorConfig
 
 CONFIG = OperatorConfig()

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rayship import names, rbac, trainingjob
+from rayship import rbac, trainingjob
+from rayship.api import names
+from rayship.api.validation import parse_trainingjob
 from rayship.config import OperatorConfig
-from rayship.validation import parse_trainingjob
 from tests.conftest import SAMPLES
 from tools.kuberay_rules import rayjob_violations
 

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from rayship import api, trainingjob
+from rayship.api.validation import parse_trainingjob
 from rayship.config import OperatorConfig
-from rayship.validation import parse_trainingjob
 from rayship_workloads import job, recipes, train
 from tests.conftest import SAMPLES
 

@@ -20,8 +20,9 @@ import pydantic
 import pytest
 import torch
 
+from rayship.api import ServeArgs
 from rayship_workloads import models, recipes
-from rayship_workloads.serve import ServeArgs, app_builder, serve_locally
+from rayship_workloads.serve import app_builder, serve_locally
 from tests.workloads.serve_http import call, free_port
 
 pytestmark = pytest.mark.workloads

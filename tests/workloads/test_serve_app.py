@@ -15,9 +15,9 @@ import pytest
 import torch
 import yaml
 
-from rayship import api, modelservice
-from rayship_workloads import models, recipes, serve_local
-from rayship_workloads.serve import ServeArgs
+from rayship import api, modelservice, serve_local
+from rayship.api import ServeArgs
+from rayship_workloads import models, recipes
 from tests.workloads.serve_http import call, free_port
 
 pytestmark = pytest.mark.workloads

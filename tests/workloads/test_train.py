@@ -21,7 +21,8 @@ import pytest
 import torch
 import yaml
 
-from rayship import api, validation
+from rayship import api
+from rayship.api import validation
 from rayship_workloads import data, job, models, progress, recipes, strategies, tracking, train
 from tests.conftest import ROOT, SAMPLES
 

@@ -25,8 +25,9 @@ from typing import Any, Protocol
 import yaml
 from ray.train.v2.api.callback import UserCallback
 
-from rayship import api, names, yamlio
-from rayship.validation import SpecError, parse_trainingjob
+from rayship import api
+from rayship.api import names, yamlio
+from rayship.api.validation import SpecError, parse_trainingjob
 from rayship_workloads import data, progress, redact, tracking, train, tune
 
 

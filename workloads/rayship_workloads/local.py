@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayship import api
-from rayship.validation import parse_trainingjob
+from rayship.api.validation import parse_trainingjob
 
 if TYPE_CHECKING:  # at run time, imported where used: `rayship serve` needs no Ray Train or Tune
     from ray.train.v2.api.callback import UserCallback

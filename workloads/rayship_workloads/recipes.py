@@ -9,7 +9,7 @@ A recipe is everything rayship knows about one kind of model:
 - `load`: that model back, ready to serve (`models.load`, used by `serve`).
 
 Adding a recipe: write those here, add its `Recipe` to `RECIPES`, and add its name to
-`TrainerSpec.recipe` in `operator/rayship/api.py`. Nothing else names a recipe.
+`TrainerSpec.recipe` in `operator/rayship/api/trainer.py`. Nothing else names a recipe.
 
 Every loop receives `config` = the TrainingJob's `trainer.config`, the common hyperparameters from
 the trainer fields (`lr` and `learningRate`, `batch_size`, `epochs`), and a `rayship` key: the resolved

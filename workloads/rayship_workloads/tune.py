@@ -37,7 +37,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTra
 from ray.util.queue import Queue
 
 from rayship import api
-from rayship.validation import parse_trainingjob
+from rayship.api.validation import parse_trainingjob
 from rayship_workloads import integrity, progress, storage, tracking, train
 
 # Trainer fields a search may set that the API types as integers (a uniform draw gives floats).

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -22,7 +22,10 @@ MAX_BYTES = 4 * 1024 * 1024  # far above any real TrainingJob; the API server's 
 MAX_ALIASES = 64
 MAX_DEPTH = 64
 
-_Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+if TYPE_CHECKING:  # the stubs type both alike; the C parser is absent where libyaml is
+    _Base = yaml.SafeLoader
+else:
+    _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class YAMLLimitError(yaml.YAMLError):

@@ -1,0 +1,317 @@
+"""The building blocks both kinds share: the API group, the patterns and CEL rules written once (the
+API server and pydantic enforce the same text), the base model, core-style types (tolerations, env,
+secret references), metav1.Condition, and what the CRD generator knows of a kind (`Kind`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "rayship.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# (group, version, plural) of every resource the operator reads or writes: each plural spelled once.
+Resource = tuple[str, str, str]
+KUBERAY_GROUP = "ray.io"
+KUBERAY_VERSION = "v1"
+RAYJOBS: Resource = (KUBERAY_GROUP, KUBERAY_VERSION, "rayjobs")
+RAYSERVICES: Resource = (KUBERAY_GROUP, KUBERAY_VERSION, "rayservices")
+
+# --- shared patterns ---------------------------------------------------------------------------
+
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
+DNS1123_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# A label key / taint key: an optional DNS subdomain prefix and '/', then a name (Kubernetes'
+# IsQualifiedName).
+QUALIFIED_NAME_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+DNS1123_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+IMAGE_PATTERN = r"^\S+$"  # no whitespace anywhere: the kubelet cannot pull such a reference
+# Memory: whole bytes (no milli-units such as 1m); bounds (>= 64Mi, < 8Ei) are CEL rules below.
+MEMORY_PATTERN = r"^[0-9]+(\.[0-9]+)?(k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
+MIN_MEMORY = "64Mi"
+ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+# Ray >= 2.52.0: KubeRay v1.7 rejects token auth (which rayship always enables) on older Ray.
+RAY_VERSION_PATTERN = r"^(2\.(5[2-9]|[6-9][0-9]|[1-9][0-9]{2,})|([3-9]|[1-9][0-9]+)\.[0-9]+)\.[0-9]+$"
+INT32_MAX = 2**31 - 1  # KubeRay's int32 fields (activeDeadlineSeconds, ttlSecondsAfterFinished)
+MAX_SPEC_BYTES = 64 * 1024  # the resolved spec travels in the RayJob's entrypoint and an annotation
+CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+# Environment variable names that say they hold a secret (RE2 and Python re alike): their values
+# belong in a Secret (`env[].valueFrom.secretKeyRef`), never in the spec.
+SECRET_NAME_PATTERN = r"(?i)(pass(word)?|secret|token|api_?key|access_?key|private_?key|credential)"
+# runtimeEnv.workingDir in a cluster: a zip archive Ray downloads (a local folder only for `rayship run`).
+WORKING_DIR_URI_PATTERN = r"^(s3|gs|https?)://.+[.]zip$"
+# data.uri / data.validation.uri in a cluster: an absolute path (a mounted volume) or a URI (a
+# relative path is read from runtimeEnv.workingDir, as `rayship run` reads it beside the YAML file).
+DATA_URI_IN_CLUSTER_PATTERN = r"^(/|[a-z][a-z0-9+.-]*://)"
+
+
+# --- CEL rules: written once, enforced by the API server and by pydantic -----------------------
+
+
+@dataclass(frozen=True)
+class CelRule:
+    """A Kubernetes `x-kubernetes-validations` rule on the object it is attached to."""
+
+    rule: str
+    message: str
+    # In the CRD (the cluster needs it) but not checked for local runs (`rayship run`), which
+    # validate with `parse(doc, local=True)`.
+    cluster_only: bool = False
+    # False for the rare rule the API server's CEL cannot type-check (checked by rayship only).
+    in_crd: bool = True
+
+    def as_schema(self) -> dict[str, str]:
+        return {"rule": self.rule, "message": self.message}
+
+
+def data_uri_rule(field: str) -> CelRule:
+    """In a cluster, data is read from an absolute path (a mounted volume) or a URI; a relative path
+    only from the job's own runtimeEnv.workingDir (as `rayship run` reads it beside the YAML file)."""
+    parts = field.split(".")
+    present = " && ".join(f"has(self.{'.'.join(parts[:i])})" for i in range(1, len(parts) + 1))
+    return CelRule(
+        "(has(self.runtimeEnv) && has(self.runtimeEnv.workingDir)) || "
+        f"!({present}) || self.{field}.matches('{DATA_URI_IN_CLUSTER_PATTERN}')",
+        f"{field}: in a cluster a relative path is read from runtimeEnv.workingDir, and there is none: "
+        "use an absolute path (e.g. on the checkpoint volume) or a URI (s3://...)",
+        cluster_only=True,
+    )
+
+
+def cel_holds(rule: str, value: Any) -> bool:
+    """Evaluate a CEL rule with `self` bound to `value` (a JSON-like structure) as the API server
+    does: a rule whose evaluation fails (e.g. a missing field) does not hold. cel-expr-python is
+    imported on the first rule evaluated (`rayship.api.cel`)."""
+    from rayship.api import cel
+
+    return cel.holds(rule, value)
+
+
+class ApiModel(BaseModel):
+    """Base for every API object: camelCase on the wire, unknown fields rejected, CEL rules checked."""
+
+    # strict: like the API server, "yes" is not a boolean and "5" is not an integer
+    model_config = ConfigDict(alias_generator=to_camel, extra="forbid", validate_default=True, strict=True)
+    cel_rules: ClassVar[tuple[CelRule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_cel_rules(self, info: ValidationInfo) -> ApiModel:
+        context = info.context or {}
+        local, admitted = bool(context.get("local")), bool(context.get("admitted"))
+        # `admitted`: read from the API server, which enforced the CRD's rules when it was written.
+        rules = [r for r in self.cel_rules if not (local and r.cluster_only) and not (admitted and r.in_crd)]
+        if rules:
+            wire = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+            failed = [r.message for r in rules if not cel_holds(r.rule, wire)]
+            if failed:
+                raise ValueError("; ".join(failed))
+        return self
+
+    def wire(self) -> dict[str, Any]:
+        """The object as the API server stores it: camelCase, defaults applied, no nulls."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def sub(model: type[BaseModel], description: str) -> Any:
+    """A nested object field that defaults to the object of its own defaults: the API server checks
+    a default against the object's CEL rules as it stands, so `{}` would fail rules on its fields."""
+
+    def default(schema: dict[str, Any]) -> None:
+        schema["default"] = model().model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    def factory() -> BaseModel:
+        # The defaults' CEL rules are not evaluated: the API server checks the CRD's defaults
+        # against them (and tests/unit/test_cel.py does too).
+        return model.model_validate({}, context={"admitted": True})
+
+    return Field(default_factory=factory, description=description, json_schema_extra=default)
+
+
+# --- core-style building blocks ----------------------------------------------------------------
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration (core/v1 Toleration) added to the worker pods."""
+
+    cel_rules: ClassVar = (
+        CelRule(
+            "self.operator != 'Exists' || !has(self.value) || self.value == ''",
+            "operator Exists matches any value: remove value (or use operator Equal)",
+        ),
+        CelRule(
+            "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            "tolerationSeconds applies only to effect NoExecute",
+        ),
+        CelRule(
+            "(has(self.key) && self.key != '') || self.operator == 'Exists'",
+            "an empty key matches every taint only with operator Exists",
+        ),
+    )
+    key: str | None = Field(
+        None,
+        pattern=QUALIFIED_NAME_PATTERN,
+        max_length=316,
+        description="Taint key the toleration applies to; empty matches all keys.",
+    )
+    operator: Literal["Exists", "Equal"] = Field("Equal", description="Exists or Equal.")
+    value: str | None = Field(
+        None,
+        pattern=LABEL_VALUE_PATTERN,
+        max_length=63,
+        description="Taint value to match when operator is Equal.",
+    )
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        None,
+        ge=0,
+        description="For NoExecute: how long the pod stays bound after the taint appears.",
+    )
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the TrainingJob's namespace."""
+
+    name: str = Field(
+        ..., pattern=DNS1123_SUBDOMAIN_PATTERN, max_length=253, description="Name of the Secret."
+    )
+    key: str = Field(..., pattern=SECRET_KEY_PATTERN, max_length=253, description="Key within the Secret.")
+    optional: bool | None = Field(None, description="Start even if the Secret or key is missing.")
+
+
+class EnvValueFrom(ApiModel):
+    """Where an environment value comes from. Only Secret references are allowed: no inline secrets."""
+
+    secret_key_ref: SecretKeyRef = Field(..., description="Read the value from a Secret key.")
+
+
+class EnvVar(ApiModel):
+    """An environment variable for every Ray container: a plain value, or a Secret reference."""
+
+    cel_rules: ClassVar = (
+        CelRule("has(self.value) != has(self.valueFrom)", "set exactly one of value or valueFrom"),
+    )
+    name: str = Field(..., pattern=ENV_NAME_PATTERN, max_length=128, description="Variable name.")
+    value: str | None = Field(None, description="Plain value (never a secret: use valueFrom).")
+    value_from: EnvValueFrom | None = Field(None, description="Value from a Secret key.")
+
+
+# Where GPU worker pods go: shared by TrainingJob workers and ModelService replicas.
+GpuProduct = Annotated[
+    str | None,
+    Field(
+        pattern=LABEL_VALUE_PATTERN,
+        max_length=63,
+        description="Required GPU model (value of the node label nvidia.com/gpu.product).",
+    ),
+]
+NodeSelector = Annotated[
+    dict[str, Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]],
+    Field(default_factory=dict, max_length=64, description="Extra node labels the worker pods must match."),
+]
+# On every object with a nodeSelector: its keys must be label keys (values are checked by pattern).
+NODE_SELECTOR_KEYS = CelRule(
+    "!has(self.nodeSelector) || self.nodeSelector.all(k, k.size() <= 316 && k.matches('"
+    + QUALIFIED_NAME_PATTERN.replace("\\", "\\\\")  # a CEL string literal: backslashes escaped
+    + "'))",
+    "nodeSelector keys must be label keys: [prefix/]name, name at most 63 letters, digits, '-', '_', '.'",
+)
+
+
+def cpu_rule(field: str) -> CelRule:
+    """CPU of at least 1m, as CEL: the API server checks `minimum: 0.001` against an integer 0 as
+    the integer minimum 0 (kube-openapi truncates it) and lets 0 through; CEL sees the double."""
+    return CelRule(f"self.{field} >= 0.001", f"{field} must be at least 0.001 (1m): a pod needs some CPU")
+
+
+def memory_rule(field: str) -> CelRule:
+    return CelRule(
+        f"quantity(self.{field}).compareTo(quantity('{MIN_MEMORY}')) >= 0 "
+        f"&& quantity(self.{field}).isLessThan(quantity('8Ei'))",
+        f"{field} must be at least {MIN_MEMORY} (Ray needs more) and below 8Ei",
+    )
+
+
+Tolerations = Annotated[
+    list[Toleration],
+    Field(default_factory=list, max_length=32, description="Extra tolerations for the worker pods."),
+]
+
+
+class Condition(ApiModel):
+    """A metav1.Condition."""
+
+    type: str = Field(..., max_length=316, description="Condition type, e.g. Running, Complete.")
+    status: Literal["True", "False", "Unknown"] = Field(..., description="True, False or Unknown.")
+    reason: str = Field(
+        ..., pattern=CONDITION_REASON_PATTERN, max_length=1024, description="CamelCase reason."
+    )
+    message: str = Field("", max_length=32768, description="Human-readable details.")
+    last_transition_time: str = Field(..., description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(None, ge=0, description="metadata.generation it reflects.")
+
+
+# --- the resource ------------------------------------------------------------------------------
+
+
+class ObjectMeta(BaseModel):
+    """The part of metadata that rayship reads; the rest is kept as-is."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(..., min_length=1)
+    namespace: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PrinterColumn:
+    name: str
+    type: str
+    json_path: str
+    description: str
+
+    def as_crd(self) -> dict[str, str]:
+        return {
+            "name": self.name,
+            "type": self.type,
+            "jsonPath": self.json_path,
+            "description": self.description,
+        }
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Everything the CRD generator needs to know about a kind besides its schema."""
+
+    model: type[ApiModel]
+    spec_model: type[ApiModel]
+    status_model: type[ApiModel]
+    kind: str
+    plural: str
+    singular: str
+    short_names: tuple[str, ...]
+    columns: tuple[PrinterColumn, ...]
+
+    @property
+    def crd_name(self) -> str:
+        return f"{self.plural}.{GROUP}"
+
+    @property
+    def resource(self) -> Resource:
+        return (GROUP, VERSION, self.plural)
+
+    @property
+    def root_rules(self) -> tuple[CelRule, ...]:
+        return self.model.cel_rules
