@@ -88,10 +88,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from controlplane import cluster as controlplane  # noqa: E402
-from rayship import api, trainingjob  # noqa: E402
+from rayship import api  # noqa: E402
 from rayship.api import names, validation  # noqa: E402
-from rayship.conditions import owned_changes  # noqa: E402
 from rayship.config import OperatorConfig  # noqa: E402
+from rayship.controller import trainingjob  # noqa: E402
+from rayship.controller.conditions import owned_changes  # noqa: E402
 
 SAMPLE = ROOT / "manifests/samples/kind-trainingjob-cpu.yaml"
 RAYCLUSTERS: api.Resource = (api.KUBERAY_GROUP, api.KUBERAY_VERSION, "rayclusters")

@@ -71,9 +71,9 @@ def rate(work: Callable[[], Any], seconds: float) -> float:
 
 
 def in_process(path: Path, seconds: float) -> dict[str, float]:
-    from rayship import trainingjob
     from rayship.api import validation, yamlio
     from rayship.config import from_environment
+    from rayship.controller import trainingjob
 
     doc = next(d for d in yamlio.load_all(path.read_text()) if d is not None)
     config = from_environment()

@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from rayship import __version__, api, trainingjob
+from rayship import __version__, api
 from rayship.api import yamlio
 from rayship.api.validation import SpecError, parse
 from rayship.config import ConfigError, OperatorConfig, from_environment
+from rayship.controller import trainingjob
 
 if TYPE_CHECKING:
-    from rayship import modelservice
+    from rayship.controller import modelservice
 
 EXIT_INVALID = 1
 
@@ -82,7 +83,9 @@ def render_documents(docs: list[tuple[str, Any]], config: OperatorConfig) -> lis
                 print(f"warning: {label}: {warning}", file=sys.stderr)
             objects.extend(trainingjob.render_trainingjob(obj, config))
         elif isinstance(obj, api.ModelService):
-            from rayship import modelservice  # on first use: a TrainingJob's render does without it
+            from rayship.controller import (
+                modelservice,  # on first use: a TrainingJob's render does without it
+            )
 
             volume = obj.spec.storage.pvc if obj.spec.storage else None
             model = _offline_model(obj, label)
@@ -95,7 +98,7 @@ def render_documents(docs: list[tuple[str, Any]], config: OperatorConfig) -> lis
 def _offline_model(ms: api.ModelService, label: str) -> modelservice.Model:
     """`model.uri` (or each of `models`), a stand-in for `fromTrainingJob` (the real URI is known once
     the job succeeds)."""
-    from rayship import modelservice
+    from rayship.controller import modelservice
 
     sources = {modelservice.ONE: ms.spec.model} if ms.spec.models is None else ms.spec.models
     out: dict[str, str] = {}
@@ -286,7 +289,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_operator(args: argparse.Namespace) -> int:
     import kopf
 
-    from rayship import handlers  # registers the handlers
+    from rayship.controller import handlers  # registers the handlers
 
     kopf.configure(verbose=args.verbose)  # INFO (DEBUG with --verbose) to stderr, one line per record
     handlers.run(

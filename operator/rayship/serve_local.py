@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rayship import api, modelservice
+from rayship import api
+from rayship.controller import modelservice
 from rayship_workloads import local, models, recipes, storage
 from rayship_workloads.serve import MULTIPLEXED_MODEL_HEADER, routes
 

@@ -14,7 +14,7 @@ from kubernetes.client.exceptions import ApiException
 from controlplane import cluster as controlplane
 from rayship import api
 from rayship.api import names
-from rayship.trainingjob import phase_of
+from rayship.controller.trainingjob import phase_of
 from tests.operator.kube import Kube, sample, wait_for
 
 pytestmark = pytest.mark.operator

@@ -1,10 +1,10 @@
-"""Shared status building blocks (`rayship.conditions`)."""
+"""Shared status building blocks (`rayship.controller.conditions`)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from rayship.conditions import MAX_MESSAGE, condition, find, owned_changes
+from rayship.controller.conditions import MAX_MESSAGE, condition, find, owned_changes
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -40,7 +40,7 @@ def _pod(name: str, **status) -> dict:
 
 
 def test_pod_problem_names_the_scheduler_reason_or_the_waiting_container() -> None:
-    from rayship.conditions import pod_problem
+    from rayship.controller.conditions import pod_problem
 
     unschedulable = _pod(
         "w-1",
@@ -80,7 +80,7 @@ def test_pod_problem_names_the_scheduler_reason_or_the_waiting_container() -> No
 
 
 def test_pod_problem_names_a_container_the_oom_killer_ended_until_it_runs_again() -> None:
-    from rayship.conditions import pod_problem
+    from rayship.controller.conditions import pod_problem
 
     killed = {"terminated": {"reason": "OOMKilled", "exitCode": 137}}
     restarting = _pod("w-0", containerStatuses=[

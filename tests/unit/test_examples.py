@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from rayship import cli, trainingjob
+from rayship import cli
 from rayship.api.validation import parse, parse_trainingjob
 from rayship.config import OperatorConfig
+from rayship.controller import trainingjob
 from tests.conftest import ROOT
 from tools.kuberay_rules import rayjob_violations
 

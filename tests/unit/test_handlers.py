@@ -13,7 +13,7 @@ def test_liveness_fails_while_a_reconcile_is_wedged() -> None:
 
     import pytest
 
-    from rayship import handlers
+    from rayship.controller import handlers
 
     memo = SimpleNamespace(config=SimpleNamespace(wedged_seconds=300))
     assert handlers.reconciles_not_wedged(memo=memo) == 0
@@ -34,7 +34,7 @@ def test_a_reconcile_still_queued_for_a_thread_is_dropped_when_the_operator_stop
 
     import kopf._core.actions.invocation as invocation
 
-    from rayship import handlers
+    from rayship.controller import handlers
 
     ran: list[str] = []
     release = threading.Event()
@@ -73,7 +73,7 @@ def test_a_reconcile_an_event_triggered_is_retried_after_a_temporary_failure() -
     import kopf
     import pytest
 
-    from rayship import handlers
+    from rayship.controller import handlers
 
     calls: list[int] = []
 
@@ -108,7 +108,7 @@ def test_a_reconcile_an_event_triggered_is_retried_after_a_temporary_failure() -
 def test_a_reconcile_starts_from_its_own_status_write_until_a_reconcile_sees_a_newer_version() -> None:
     """Under load the watch lags behind the operator's own status writes: a reconcile from the watch
     starts from the remembered write (not a 409 and two GETs), until a reconcile sees a newer version."""
-    from rayship import handlers
+    from rayship.controller import handlers
 
     key = ("TrainingJob", "ns", "tj")
     old = {"metadata": {"name": "tj", "resourceVersion": "10"}, "status": {}}
@@ -142,8 +142,8 @@ def test_reconciles_of_one_object_never_overlap_those_of_two_objects_do(
     import threading
     import time
 
-    from rayship import handlers
     from rayship.config import OperatorConfig
+    from rayship.controller import handlers
 
     running, peak = [0], [0]  # reconciles running now, and the most at once in this run
     guard = threading.Lock()
@@ -187,8 +187,8 @@ def test_a_kept_object_is_trimmed_packed_and_read_back_as_a_fresh_copy() -> None
     diffbase annotation, none of `drop_spec`; one bytes object; each read is the caller's own copy."""
     import kopf
 
-    from rayship import handlers
     from rayship.api import names
+    from rayship.controller import handlers
 
     raw = {
         "apiVersion": "ray.io/v1",
@@ -221,7 +221,8 @@ def test_a_kept_object_is_trimmed_packed_and_read_back_as_a_fresh_copy() -> None
 def test_kopfs_diffbase_is_kept_packed_in_memory_and_forgotten_with_the_object() -> None:
     import kopf
 
-    from rayship import api, handlers
+    from rayship import api
+    from rayship.controller import handlers
 
     store = handlers.MemoryDiffBase(prefix="test.rayship.dev")
     ms = {"apiVersion": api.API_VERSION, "kind": "ModelService", "metadata": {"uid": "u1", "name": "ms"}}
@@ -244,7 +245,7 @@ def test_kopf_builds_no_essence_of_a_kind_without_change_handlers(api_version: s
     """kopf diffs every event's essence; only ModelServices have change handlers to give it to."""
     import kopf
 
-    from rayship import handlers
+    from rayship.controller import handlers
 
     store = handlers.MemoryDiffBase(prefix="test.rayship.dev")
     body = kopf.Body({"apiVersion": api_version, "kind": kind, "metadata": {"uid": "u2"}, "spec": {"a": 1}})
@@ -266,8 +267,8 @@ def test_a_queued_reconcile_is_queued_again_after_a_failure_as_kopf_would_retry_
 ) -> None:
     import kopf
 
-    from rayship import handlers
     from rayship.config import OperatorConfig
+    from rayship.controller import handlers
 
     errors = {
         "temporary": kopf.TemporaryError("API server busy", delay=7),
@@ -299,7 +300,7 @@ def test_a_trainingjob_is_queued_while_its_status_does_not_reflect_its_spec(monk
     import asyncio
     from types import SimpleNamespace
 
-    from rayship import handlers
+    from rayship.controller import handlers
 
     queued: list[tuple[tuple[str, str], bool]] = []
     for name, value in [("_trainingjobs", set()), ("_reconciled", {}), ("_watched", {}), ("_terminating", {}),

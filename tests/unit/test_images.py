@@ -28,8 +28,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from images import build as image_build
-from rayship import __version__, cli, modelservice, trainingjob
+from rayship import __version__, cli
 from rayship.config import OperatorConfig
+from rayship.controller import modelservice, trainingjob
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_DOCKERFILE = REPO / "operator" / "Dockerfile"

@@ -1,4 +1,4 @@
-"""How `rayship.k8s` reads the API server's refusals (the only Kubernetes I/O module; its calls are
+"""How `rayship.controller.k8s` reads the API server's refusals (the only Kubernetes I/O module; its calls are
 exercised on the real control plane in tests/operator)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 from kubernetes.client.exceptions import ApiException
 
-from rayship import k8s
+from rayship.controller import k8s
 
 
 def refusal(status: int, message: str) -> ApiException:

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
-from rayship import cli, modelservice
+from rayship import cli
 from rayship.api.validation import SpecError, parse
 from rayship.config import OperatorConfig
+from rayship.controller import modelservice
 from tests.conftest import ROOT, SAMPLES
 from tools.kuberay_rules import rayservice_violations
 

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
-from rayship import cli, modelservice
+from rayship import cli
 from rayship.api.validation import parse
 from rayship.config import OperatorConfig
+from rayship.controller import modelservice
 from tools.kuberay_rules import rayservice_violations
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "pipeline" / "modelservice.yaml"

@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 import yaml
 
-from rayship import api, cli, handlers, modelservice
+from rayship import api, cli
 from rayship.api import names
 from rayship.api.validation import SpecError, parse
 from rayship.config import OperatorConfig
+from rayship.controller import handlers, modelservice
 from tools.kuberay_rules import rayservice_violations
 
 SPEC = Path(__file__).parent / "specs" / "modelservice-models.yaml"

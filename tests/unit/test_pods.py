@@ -1,12 +1,13 @@
-"""Shared pod builders (`rayship.pods`): quantities, env, GPU placement."""
+"""Shared pod builders (`rayship.controller.pods`): quantities, env, GPU placement."""
 
 from __future__ import annotations
 
 import pytest
 
-from rayship import api, pods
+from rayship import api
 from rayship.api import names
 from rayship.config import OperatorConfig
+from rayship.controller import pods
 
 CONFIG = OperatorConfig()
 

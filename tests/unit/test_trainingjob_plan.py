@@ -12,7 +12,7 @@ from rayship import api
 from rayship.api import names
 from rayship.api.validation import SpecError, parse_trainingjob
 from rayship.config import OperatorConfig
-from rayship.trainingjob import build_rayjob, plan, spec_edits
+from rayship.controller.trainingjob import build_rayjob, plan, spec_edits
 from tests.conftest import SAMPLES
 
 CONFIG = OperatorConfig()

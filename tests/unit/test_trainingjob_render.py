@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rayship import rbac, trainingjob
+from rayship import rbac
 from rayship.api import names
 from rayship.api.validation import parse_trainingjob
 from rayship.config import OperatorConfig
+from rayship.controller import trainingjob
 from tests.conftest import SAMPLES
 from tools.kuberay_rules import rayjob_violations
 

@@ -7,9 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from rayship import api, trainingjob
-from rayship.conditions import owned_changes
-from rayship.trainingjob import Observation, derive
+from rayship import api
+from rayship.controller import trainingjob
+from rayship.controller.conditions import owned_changes
+from rayship.controller.trainingjob import Observation, derive
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
 DEPLOYMENT = [

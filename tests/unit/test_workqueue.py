@@ -1,4 +1,4 @@
-"""`rayship.workqueue.WorkQueue`: a key waits at most once, never runs twice at once, runs once more
+"""`rayship.controller.workqueue.WorkQueue`: a key waits at most once, never runs twice at once, runs once more
 when added while it runs; `stop` drops what waits."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from rayship.workqueue import WorkQueue
+from rayship.controller.workqueue import WorkQueue
 
 
 class Pool:

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rayship import api, trainingjob
+from rayship import api
 from rayship.api.validation import parse_trainingjob
 from rayship.config import OperatorConfig
+from rayship.controller import trainingjob
 from rayship_workloads import job, recipes, train
 from tests.conftest import SAMPLES
 

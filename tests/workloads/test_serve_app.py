@@ -15,8 +15,9 @@ import pytest
 import torch
 import yaml
 
-from rayship import api, modelservice, serve_local
+from rayship import api, serve_local
 from rayship.api import ServeArgs
+from rayship.controller import modelservice
 from rayship_workloads import models, recipes
 from tests.workloads.serve_http import call, free_port
 

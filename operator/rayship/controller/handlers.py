@@ -1,7 +1,7 @@
 """kopf wiring: one reconcile loop, parameterised per kind; the kinds' pure plan/status/announce live
-in `rayship.trainingjob` and `rayship.modelservice`, all I/O goes through `rayship.k8s`.
+in `rayship.controller.trainingjob` and `rayship.controller.modelservice`, all I/O goes through `rayship.controller.k8s`.
 
-Run with `rayship operator` or `kopf run --standalone -m rayship.handlers`.
+Run with `rayship operator` or `kopf run --standalone -m rayship.controller.handlers`.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from typing import Any, cast
 import kopf
 from pydantic import SecretStr
 
-from rayship import api, k8s, metrics, modelservice, trainingjob
+from rayship import api, metrics
 from rayship.api import names
-from rayship.conditions import Event, Plan, Probe, describe_foreign, owned_changes, ownership
 from rayship.config import OperatorConfig, from_environment
-from rayship.workqueue import WorkQueue
+from rayship.controller import k8s, modelservice, trainingjob
+from rayship.controller.conditions import Event, Plan, Probe, describe_foreign, owned_changes, ownership
+from rayship.controller.workqueue import WorkQueue
 
 CONFLICT_RETRIES = 5
 # Timers are declared at import: the resync interval comes from the same RAYSHIP_* environment.
@@ -297,7 +298,7 @@ def _submit(task: Callable[[], None]) -> None:
     _executor.submit(_kopf_context.copy().run, task)
 
 
-# Every TrainingJob event only queues its job: the events are let go at once (see `rayship.workqueue`).
+# Every TrainingJob event only queues its job: the events are let go at once (see `rayship.controller.workqueue`).
 TRAINING_QUEUE: WorkQueue[tuple[str, str]] = WorkQueue(_reconcile_queued, _submit)
 metrics.QUEUE_DEPTH.labels(TRAINING.kind).set_function(lambda: len(TRAINING_QUEUE))
 

@@ -20,7 +20,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from rayship.api import Resource, names
-from rayship.conditions import Probe, describe_foreign, ownership
+from rayship.controller.conditions import Probe, describe_foreign, ownership
 
 log = logging.getLogger("rayship")
 

@@ -1,0 +1,123 @@
+"""ModelService: resolve the model, render the RayService, plan a reconcile, derive the status.
+Pure: no I/O, no clock.
+
+- The model comes from `spec.model.uri`, or from a TrainingJob's exported model once it Succeeded.
+  A missing or failed TrainingJob is a condition, never a crash; a service that already resolved
+  a model keeps serving it when its TrainingJob is deleted.
+- The model URI is the only thing that changes when a new model rolls out, and it lives only in
+  `serveConfigV2`: KubeRay applies such a change in place (a Serve rollout on the same cluster).
+  Anything in `rayClusterConfig` changing means a new cluster, per `upgradeStrategy`.
+- Status: one table maps the Serve application's state (and the RayService's Ready condition) to
+  our phase.
+"""
+
+from __future__ import annotations
+
+from rayship.controller.modelservice.context import ServeState, ServiceContext
+from rayship.controller.modelservice.phase import (
+    ANY,
+    NO_MODELS_STATUS,
+    SERVING_DEFAULT_MESSAGE,
+    SERVING_TABLE,
+    WARNING_PHASES,
+    announce,
+    application_status,
+    rolling_out,
+    serving_phase,
+    starting_pods,
+    status,
+)
+from rayship.controller.modelservice.planner import (
+    plan,
+    served_models,
+)
+from rayship.controller.modelservice.rayservice import (
+    IMPORT_PATH,
+    REMOTE_MODEL_SCHEMES,
+    VLLM_IMPORT_PATH,
+    Model,
+    ModelVolumes,
+    build_rayservice,
+    cluster_hash,
+    deployed_model_uri,
+    describe,
+    desired_rayservice,
+    model_annotation,
+    model_args,
+    model_volumes,
+    ray_cluster_config,
+    serve_args,
+    serve_config,
+    service_url,
+    vllm_args,
+)
+from rayship.controller.modelservice.serve_probe import (
+    SERVE_APPLICATIONS,
+    heard,
+    ray_token,
+    serve_probe,
+    serve_state,
+    token_secret,
+)
+from rayship.controller.modelservice.source import (
+    KEPT_REASONS,
+    ONE,
+    Resolution,
+    Resolved,
+    referenced_trainingjobs,
+    resolve,
+    resolve_model,
+    resolve_source,
+)
+
+__all__ = [
+    "ServeState",
+    "ServiceContext",
+    "Resolution",
+    "resolve_source",
+    "resolve_model",
+    "ONE",
+    "KEPT_REASONS",
+    "Resolved",
+    "resolve",
+    "referenced_trainingjobs",
+    "IMPORT_PATH",
+    "VLLM_IMPORT_PATH",
+    "REMOTE_MODEL_SCHEMES",
+    "Model",
+    "model_args",
+    "serve_args",
+    "vllm_args",
+    "deployed_model_uri",
+    "serve_config",
+    "ModelVolumes",
+    "model_volumes",
+    "ray_cluster_config",
+    "build_rayservice",
+    "service_url",
+    "cluster_hash",
+    "model_annotation",
+    "describe",
+    "desired_rayservice",
+    "ray_token",
+    "token_secret",
+    "ServeState",
+    "SERVE_APPLICATIONS",
+    "serve_probe",
+    "serve_state",
+    "heard",
+    "ServiceContext",
+    "served_models",
+    "plan",
+    "ANY",
+    "SERVING_TABLE",
+    "SERVING_DEFAULT_MESSAGE",
+    "application_status",
+    "serving_phase",
+    "starting_pods",
+    "status",
+    "NO_MODELS_STATUS",
+    "rolling_out",
+    "WARNING_PHASES",
+    "announce",
+]

@@ -1,0 +1,108 @@
+"""Plan one reconcile of a ModelService: resolve, render, and decide what to create, patch or wait for."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from rayship import api
+from rayship.api import names
+from rayship.api.validation import SpecError, parse
+from rayship.config import OperatorConfig
+from rayship.controller.conditions import (
+    Event,
+    Plan,
+    describe_foreign,
+    ownership,
+)
+from rayship.controller.modelservice.context import ServiceContext
+from rayship.controller.modelservice.rayservice import (
+    Model,
+    describe,
+    desired_rayservice,
+    model_annotation,
+    service_url,
+)
+from rayship.controller.modelservice.serve_probe import token_secret
+from rayship.controller.modelservice.source import ONE, model_status_by_name, resolve
+
+
+def served_models(current: Mapping[str, Any], multi: bool) -> dict[str, str]:
+    """What the status as read says Serve serves: {ONE: modelURI}, or status.models' URIs by name."""
+    if not multi:
+        uri = current.get("modelURI")
+        return {ONE: uri} if isinstance(uri, str) and uri else {}
+    return {n: e["uri"] for n, e in model_status_by_name(current).items() if isinstance(e.get("uri"), str)}
+
+
+def plan(
+    modelservice: Mapping[str, Any],
+    rayservice: Mapping[str, Any] | None,
+    trainingjobs: Sequence[Mapping[str, Any]],
+    config: OperatorConfig,
+) -> Plan:
+    """The reconcile's plan; `trainingjobs` are those of the TrainingJobs the service names
+    (`referenced_trainingjobs`) that exist."""
+    name = names.rayservice_name(modelservice["metadata"]["name"])
+    current = modelservice.get("status") or {}
+    try:
+        ms = parse(modelservice, admitted=True)  # read from the API server
+    except SpecError as err:
+        return Plan(name, context=ServiceContext(None, "; ".join(err.problems), None, None))
+    assert isinstance(ms, api.ModelService)
+    by_name = {str(tj.get("metadata", {}).get("name")): tj for tj in trainingjobs}
+    resolved = resolve(ms, by_name, current)
+    desired_models = resolved.models
+    multi = ms.spec.models is not None
+    context = ServiceContext(
+        resolved,
+        None,
+        service_url(ms),
+        desired_models,
+        rayservice=name,
+        incremental=ms.spec.upgrade_strategy == "NewClusterWithIncrementalUpgrade",
+        application=ms.metadata.name,
+        served=served_models(current, multi),
+        multi=multi,
+    )
+    if desired_models is None:
+        return Plan(name, context=context)
+    model: Model = desired_models if multi else desired_models[ONE]
+    desired = desired_rayservice(ms, config, model, resolved.volumes)
+    if rayservice is not None and (how := ownership(rayservice, modelservice)) != "owned":
+        blocked = describe_foreign(rayservice, "RayService", how)
+        return Plan(name, context=replace(context, blocked=blocked))
+    if rayservice is None:
+        created = Event("Normal", "RayServiceCreated", f"created RayService {name} serving {describe(model)}")
+        return Plan(
+            name,
+            create=desired,
+            prerequisites=(token_secret(ms, config),),
+            on_create=created,
+            context=context,
+        )
+    applied = rayservice.get("metadata", {}).get("annotations") or {}
+    wanted_hash = desired["metadata"]["annotations"][names.ANNOTATION_CLUSTER_HASH]
+    spec: dict[str, Any] = {}
+    annotations: dict[str, str] = {}
+    if rayservice.get("spec", {}).get("serveConfigV2") != desired["spec"]["serveConfigV2"]:
+        spec["serveConfigV2"] = desired["spec"]["serveConfigV2"]
+        key, value = model_annotation(model)
+        annotations[key] = value
+    if applied.get(names.ANNOTATION_CLUSTER_HASH) != wanted_hash:
+        spec.update({k: v for k, v in desired["spec"].items() if k != "serveConfigV2"})
+        annotations[names.ANNOTATION_CLUSTER_HASH] = wanted_hash
+    if not spec:
+        return Plan(name, context=context)
+    new_cluster = "rayClusterConfig" in spec
+    what = "new cluster config" if new_cluster else ("new models" if multi else "new model")
+    what += "" if new_cluster else " (in-place Serve rollout)"
+    return Plan(
+        name,
+        patch={"metadata": {"annotations": annotations}, "spec": spec},
+        # a new cluster needs its token Secret (a RayService made before there was one, too)
+        prerequisites=(token_secret(ms, config),) if new_cluster else (),
+        on_patch=Event("Normal", "RayServiceUpdated", f"{what}: {describe(model)}"),
+        context=context,
+    )

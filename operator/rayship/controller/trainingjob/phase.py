@@ -1,0 +1,304 @@
+"""The TrainingJob's status: one lookup table maps KubeRay's (jobDeploymentStatus, jobStatus) to our
+phase; the conditions are derived from the phase, so they never contradict it. Only operator-owned
+fields are returned: `progress`, `checkpoint` and `tuning` belong to the workload."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from rayship import api
+from rayship.controller.conditions import (
+    Event,
+    Plan,
+    condition,
+    find,
+    parse_time,
+    pod_problem,
+)
+from rayship.controller.trainingjob.rayjob import STUCK_REASONS
+
+ANY = "*"
+CREATED = "RayJobCreated"  # the reason of the phase a new RayJob starts in, and of its creation's Event
+
+# (jobDeploymentStatus, jobStatus) -> (phase, reason, message). KubeRay v1.7 values.
+# A message of None means "use the RayJob's own status.message".
+PHASE_TABLE: dict[tuple[str, str], tuple[str, str, str | None]] = {
+    ("", ANY): ("Pending", CREATED, "KubeRay has not started the Ray cluster yet"),
+    ("Initializing", ANY): (
+        "Pending",
+        "ClusterInitializing",
+        "the Ray cluster is starting (pulling images, scheduling GPU pods)",
+    ),
+    ("Waiting", ANY): (
+        "Pending",
+        "WaitingForSubmission",
+        "the Ray cluster waits for the job to be submitted",
+    ),
+    ("Running", ""): ("Pending", "JobSubmitting", "the Ray cluster is ready; the job is being submitted"),
+    ("Running", "PENDING"): ("Pending", "JobPending", "the Ray job is submitted and waits to start"),
+    ("Running", "RUNNING"): ("Running", "JobRunning", "training is running"),
+    ("Running", "SUCCEEDED"): ("Running", "JobFinishing", "the Ray job succeeded; KubeRay is finalizing"),
+    ("Running", "FAILED"): (
+        "Running",
+        "AttemptEnded",
+        "the Ray job attempt failed; KubeRay decides whether to retry",
+    ),
+    ("Running", "STOPPED"): (
+        "Running",
+        "AttemptEnded",
+        "the Ray job was stopped; KubeRay decides whether to retry",
+    ),
+    ("Complete", "SUCCEEDED"): ("Succeeded", "JobSucceeded", "training finished successfully"),
+    ("Complete", ANY): ("Failed", "JobNotSucceeded", None),
+    ("Failed", ANY): ("Failed", "RayJobFailed", None),
+    ("ValidationFailed", ANY): ("Failed", "RayJobValidationFailed", None),
+    ("Suspending", ANY): (
+        "Suspended",
+        "Suspending",
+        "the Ray cluster is being deleted; the job can be resumed",
+    ),
+    ("Suspended", ANY): ("Suspended", "Suspended", "no Ray cluster runs; set spec.suspend: false to resume"),
+    ("Retrying", ANY): ("Pending", "Retrying", "an attempt failed; KubeRay is starting a new Ray cluster"),
+}
+
+PHASE_CONDITIONS = ("Running", "Complete", "Failed", "Suspended")
+_CONDITION_OF_PHASE = {
+    "Running": "Running",
+    "Succeeded": "Complete",
+    "Failed": "Failed",
+    "Suspended": "Suspended",
+}
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything the status is derived from, gathered by the operator."""
+
+    generation: int
+    current: Mapping[str, Any] = field(default_factory=dict)  # the TrainingJob's status as stored
+    rayjob: Mapping[str, Any] | None = None  # the owned RayJob, if any
+    rayjob_name: str | None = None
+    workload_account: str | None = None  # the ServiceAccount its Ray pods run as (may write status)
+    invalid: str | None = None  # why the spec cannot be rendered (None: valid)
+    unapplied: tuple[str, ...] = ()  # spec fields edited after launch that KubeRay cannot apply
+    gpus: int | None = None
+    blocked: tuple[str, str] | None = None  # (reason, message): a RayJob of that name is not ours
+    lost: str | None = None  # the UID of our launched RayJob, which is gone
+    rejected: tuple[str, str, str] | None = None  # (phase, reason, message) from the API server
+    queue: str | None = None  # Kueue LocalQueue: Kueue, not the spec, suspends and resumes the RayJob
+    pods: tuple[str, str] | None = None  # (reason, message): why a Ray pod cannot start
+    keep: bool = False  # keep the stored status (a spec the API server refused, not edited since)
+
+
+def phase_of(rayjob_status: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(phase, reason, message) for a RayJob status, through PHASE_TABLE."""
+    deployment = rayjob_status.get("jobDeploymentStatus") or ""
+    job = rayjob_status.get("jobStatus") or ""
+    entry = PHASE_TABLE.get((deployment, job)) or PHASE_TABLE.get((deployment, ANY))
+    if entry is None:
+        return ("Pending", "UnknownRayJobState", f"unrecognised RayJob state {deployment!r}/{job!r}")
+    phase, reason, message = entry
+    if phase == "Failed":
+        reason = rayjob_status.get("reason") or reason  # KubeRay's own: AppFailed, DeadlineExceeded...
+        detail = (
+            rayjob_status.get("message") or f"jobDeploymentStatus={deployment}, jobStatus={job or 'none'}"
+        )
+        message = f"{detail} (attempts failed: {rayjob_status.get('failed') or 0})"
+    elif reason == "Retrying":
+        message = f"{message} (attempts failed so far: {rayjob_status.get('failed') or 0})"
+    return phase, reason, message or ""
+
+
+def _condition(type_: str, ok: bool, reason: str, message: str, obs: Observation, now: datetime) -> dict:
+    return condition(obs.current, type_, ok, reason, message, obs.generation, now)
+
+
+def derive(obs: Observation, now: datetime) -> dict[str, Any]:
+    """The operator-owned part of the TrainingJob status."""
+    current_phase = obs.current.get("phase")
+    if obs.keep:
+        return {k: v for k, v in obs.current.items() if k not in WORKLOAD_FIELDS}
+    invalid = obs.invalid
+    if obs.rejected is not None and obs.rejected[0] == "Invalid":
+        invalid = f"{obs.rejected[1]}: {obs.rejected[2]}"
+    if invalid is not None and obs.rayjob is None:
+        return {
+            "phase": "Invalid",
+            "observedGeneration": obs.generation,
+            "conditions": [_condition("Valid", False, "InvalidSpec", invalid, obs, now)],
+        }
+
+    rayjob_status: Mapping[str, Any] = (obs.rayjob or {}).get("status") or {}
+    if obs.rayjob is not None:
+        phase, reason, message = phase_of(rayjob_status)
+        if phase == "Pending" and obs.pods is not None:
+            reason, message = obs.pods[0], f"{message}: {obs.pods[1]}"
+        if phase == "Suspended" and obs.queue:
+            phase, reason = "Pending", "Queued"
+            message = f"waiting for admission by Kueue (queue {obs.queue}); Kueue starts the Ray cluster"
+    elif obs.rejected is not None:
+        phase, reason, message = obs.rejected
+    elif obs.lost is not None:
+        phase, reason, message = _lost(obs)
+    elif obs.blocked is not None:
+        phase, (reason, message) = "Pending", obs.blocked
+    else:
+        phase, reason, message = "Pending", "CreatingRayJob", "the RayJob is being created"
+    if current_phase in api.TERMINAL_PHASES and phase != current_phase:
+        # A finished job stays finished, whatever happens to its RayJob afterwards.
+        return _keep_terminal(obs, now)
+
+    conditions = [_condition("Valid", True, "SpecValid", "the spec is valid", obs, now)]
+    active = _CONDITION_OF_PHASE.get(phase)
+    for type_ in PHASE_CONDITIONS:
+        conditions.append(_condition(type_, type_ == active, reason, message, obs, now))
+    if obs.rayjob is not None:
+        conditions.append(_spec_applied(obs, now))
+
+    status: dict[str, Any] = {"phase": phase, "observedGeneration": obs.generation, "conditions": conditions}
+    status.update(_rayjob_fields(obs, rayjob_status, phase, now))
+    return status
+
+
+def _lost(obs: Observation) -> tuple[str, str, str]:
+    """A launched RayJob is gone: finished if the workload reported its final model, else failed."""
+    gone = f"RayJob {obs.rayjob_name} (uid {obs.lost}) was deleted after launch"
+    if (obs.current.get("checkpoint") or {}).get("model"):
+        return "Succeeded", "RayJobGoneAfterExport", f"{gone}; the workload had exported its final model"
+    return (
+        "Failed",
+        "RayJobLost",
+        f"{gone} (by hand, by KubeRay's DELETE_RAYJOB_CR_AFTER_JOB_FINISHES, or past its TTL while the "
+        "operator was down) and its outcome is unknown; rayship does not start it again. Re-create the "
+        "TrainingJob to train again: it resumes from the latest checkpoint",
+    )
+
+
+def _spec_applied(obs: Observation, now: datetime) -> dict:
+    if obs.invalid is not None:
+        return _condition("SpecApplied", False, "InvalidSpec", obs.invalid, obs, now)
+    if obs.unapplied:
+        fields = ", ".join(f"spec.{p}" for p in obs.unapplied)
+        message = (
+            f"{fields} changed after launch; KubeRay cannot change a running RayJob, so the job keeps "
+            "its launch settings. Delete and re-create the TrainingJob to apply them "
+            "(it resumes from the latest checkpoint)."
+        )
+        return _condition("SpecApplied", False, "ImmutableAfterLaunch", message, obs, now)
+    return _condition("SpecApplied", True, "Applied", "the RayJob matches the spec", obs, now)
+
+
+def _rayjob_fields(obs: Observation, rj: Mapping[str, Any], phase: str, now: datetime) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if obs.rayjob_name:
+        out["rayJobName"] = obs.rayjob_name
+    if obs.workload_account and obs.rayjob is not None:  # ours, made after its ServiceAccount
+        out["workloadAccount"] = obs.workload_account
+    uid = (obs.rayjob or {}).get("metadata", {}).get("uid") or obs.current.get("rayJobUID")
+    if uid:
+        out["rayJobUID"] = uid  # launched: a RayJob missing later is lost, never re-created
+    for ours, theirs in (
+        ("rayClusterName", "rayClusterName"),
+        ("jobId", "jobId"),
+        ("dashboardURL", "dashboardURL"),
+    ):
+        if rj.get(theirs):
+            out[ours] = rj[theirs]
+    if rj.get("startTime"):
+        out["startTime"] = rj["startTime"]
+    if phase in api.TERMINAL_PHASES and rj.get("endTime"):
+        out["completionTime"] = rj["endTime"]
+    if obs.rayjob is not None:
+        out["attempt"] = int(rj.get("failed") or 0) + (0 if phase in api.TERMINAL_PHASES else 1) or 1
+    if obs.gpus is not None:
+        out["gpus"] = obs.gpus
+        out.update(_gpu_seconds(obs, rj, now))
+    return out
+
+
+def _gpu_seconds(obs: Observation, rj: Mapping[str, Any], now: datetime) -> dict[str, float]:
+    """GPU-seconds over every attempt. KubeRay restarts `startTime` with each attempt (and sets
+    `endTime` once, at the end), so an attempt is closed when a new startTime appears."""
+    assert obs.gpus is not None
+    earlier = float(obs.current.get("gpuSecondsEarlierAttempts") or 0.0)
+    start, seen = parse_time(rj.get("startTime")), parse_time(obs.current.get("startTime"))
+    if start is None:
+        return {"gpuSecondsEarlierAttempts": earlier} if earlier else {}
+    if seen is not None and start > seen:  # a new attempt: the previous one ran until it began
+        earlier += max(0, round((start - seen).total_seconds())) * obs.gpus
+    end = parse_time(rj.get("endTime")) or now
+    current = max(0, round((end - start).total_seconds())) * obs.gpus
+    return {"gpuSeconds": float(earlier + current), "gpuSecondsEarlierAttempts": earlier}
+
+
+WORKLOAD_FIELDS = ("progress", "checkpoint", "tuning")  # written by the workload, never by the operator
+
+
+def _keep_terminal(obs: Observation, now: datetime) -> dict[str, Any]:
+    """The stored terminal status, with only the spec-edit condition refreshed."""
+    kept = {k: v for k, v in obs.current.items() if k not in WORKLOAD_FIELDS}
+    conditions = [c for c in kept.get("conditions") or [] if c.get("type") != "SpecApplied"]
+    if obs.rayjob is not None:
+        conditions.append(_spec_applied(obs, now))
+    kept["conditions"] = conditions
+    return kept
+
+
+def starting_pods(rayjob: Mapping[str, Any] | None) -> str | None:
+    """The label selector of the RayJob's Ray pods while its cluster is starting (else None). Not
+    while the RayJob is suspended (KubeRay passes through Initializing before it suspends one): its
+    pods are going, not starting."""
+    st = (rayjob or {}).get("status") or {}
+    if st.get("jobDeploymentStatus") != "Initializing" or not st.get("rayClusterName"):
+        return None
+    if ((rayjob or {}).get("spec") or {}).get("suspend"):
+        return None
+    return f"ray.io/cluster={st['rayClusterName']}"
+
+
+def status(
+    trainingjob: Mapping[str, Any],
+    rayjob: Mapping[str, Any] | None,
+    plan_: Plan,
+    pods: list[dict[str, Any]],
+    now: datetime,
+) -> dict[str, Any]:
+    """The operator-owned status, once the plan was carried out and `rayjob` is what the server
+    holds; `pods` are its Ray pods while they start (why one cannot start is said)."""
+    del trainingjob  # everything it contributes is in the plan's Observation
+    obs: Observation = plan_.context
+    if obs.blocked is not None:
+        rayjob = None  # not ours: its state says nothing about this TrainingJob
+    return derive(replace(obs, rayjob=rayjob, rejected=plan_.rejected, pods=pod_problem(pods)), now)
+
+
+# Pending for a reason the user must act on (or should know of): announced as a Warning.
+BLOCKED_REASONS = frozenset({"PreviousRayJobTerminating", "RayJobNameTaken"}) | STUCK_REASONS
+
+
+def announce(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Event]:
+    """A Kubernetes Event for each phase transition and each new spec-edit report. Not for the phase
+    a new RayJob starts in (reason RayJobCreated): the pass that created it said "created RayJob ..."
+    (one Event, and one API call, per fact; the RayJob's own watch event may write that phase first)."""
+    events: list[Event] = []
+    phase = desired.get("phase")
+    # Every phase condition carries the phase's reason and message; Invalid has only "Valid".
+    cond = find(desired, "Valid" if phase == "Invalid" else "Running")
+    if phase != current.get("phase") and cond.get("reason") != CREATED:
+        events.append(
+            Event(
+                "Warning" if phase in ("Failed", "Invalid") else "Normal",
+                str(cond.get("reason", phase)),
+                f"{phase}: {cond.get('message', '')}",
+            )
+        )
+    elif phase == "Pending" and (reason := find(desired, "Running").get("reason")) in BLOCKED_REASONS:
+        if reason != find(current, "Running").get("reason"):
+            events.append(Event("Warning", str(reason), str(find(desired, "Running").get("message"))))
+    before, after = find(current, "SpecApplied"), find(desired, "SpecApplied")
+    if after.get("status") == "False" and after.get("message") != before.get("message"):
+        events.append(Event("Warning", str(after["reason"]), str(after["message"])))
+    return events

@@ -1,0 +1,115 @@
+"""Plan one reconcile of a TrainingJob: given it and its RayJob as stored, what should change
+(`conditions.Plan`); only `suspend` may change on a running job."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from rayship import api
+from rayship.api import names
+from rayship.api.validation import SpecError, parse_trainingjob
+from rayship.config import OperatorConfig
+from rayship.controller.conditions import (
+    Event,
+    Plan,
+    describe_foreign,
+    ownership,
+)
+from rayship.controller.trainingjob.phase import CREATED, Observation
+from rayship.controller.trainingjob.rayjob import (
+    applied_record,
+    render_trainingjob,
+    secret_looking_env,
+    total_gpus,
+)
+
+# Spec fields KubeRay applies to a live RayJob; every other edit after launch is reported.
+MUTABLE_FIELDS = frozenset({"suspend"})
+
+
+def spec_edits(applied: Any, desired: Any, prefix: str = "") -> list[str]:
+    """Dotted paths where `desired` differs from `applied` (lists compared whole)."""
+    if isinstance(applied, Mapping) and isinstance(desired, Mapping):
+        paths: list[str] = []
+        for key in sorted(set(applied) | set(desired)):
+            paths += spec_edits(applied.get(key), desired.get(key), f"{prefix}{key}.")
+        return paths
+    return [] if applied == desired else [prefix.rstrip(".")]
+
+
+def applied_spec(rayjob: Mapping[str, Any]) -> dict[str, Any] | None:
+    raw = (rayjob.get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_SPEC)
+    return json.loads(raw) if raw else None
+
+
+def plan(
+    trainingjob: Mapping[str, Any],
+    rayjob: Mapping[str, Any] | None,
+    related: Sequence[Mapping[str, Any]],
+    config: OperatorConfig,
+) -> Plan:
+    """The reconcile's plan; its `context` is the `Observation` that `status()` completes."""
+    del related  # a TrainingJob depends on nothing but itself
+    meta = trainingjob["metadata"]
+    rayjob_name = names.rayjob_name(meta["name"])
+    current = trainingjob.get("status") or {}
+    base = Observation(
+        generation=meta.get("generation", 0),
+        current=current,
+        rayjob_name=rayjob_name,
+        workload_account=names.workload_account(meta["name"]),
+    )
+    try:
+        tj = parse_trainingjob(trainingjob, admitted=True)  # read from the API server
+    except SpecError as err:
+        return Plan(rayjob_name, context=replace(base, invalid="; ".join(err.problems)))
+
+    observed = replace(base, gpus=total_gpus(tj), queue=tj.spec.scheduling.queue)
+    if rayjob is not None and (how := ownership(rayjob, trainingjob)) != "owned":
+        reason = "PreviousRayJobTerminating" if how == "previous" else "RayJobNameTaken"
+        return Plan(
+            rayjob_name, context=replace(observed, blocked=(reason, describe_foreign(rayjob, "RayJob", how)))
+        )
+    if rayjob is None:
+        if current.get("phase") in api.TERMINAL_PHASES:
+            return Plan(rayjob_name, context=observed)  # finished: never start it again
+        if current.get("phase") == "Invalid" and current.get("observedGeneration") == base.generation:
+            return Plan(rayjob_name, context=replace(observed, keep=True))  # refused before: edit to retry
+        if current.get("rayJobUID"):
+            # Launched once and gone (deleted by hand, by KubeRay's DELETE_RAYJOB_CR_AFTER_JOB_FINISHES,
+            # or past its TTL while the operator was down): never silently started again.
+            return Plan(rayjob_name, context=replace(observed, lost=str(current["rayJobUID"])))
+        *rbac, created = render_trainingjob(tj, config)
+        return Plan(
+            rayjob_name,
+            create=created,
+            prerequisites=tuple(rbac),
+            on_create=Event("Normal", CREATED, f"created RayJob {rayjob_name}"),
+            warnings=tuple(Event("Warning", "PlainSecretValue", w) for w in secret_looking_env(tj)),
+            context=observed,
+        )
+
+    launched = applied_spec(rayjob)
+    wanted = json.loads(applied_record(tj.spec.wire()))  # compared as recorded: env values digested
+    if launched is None:  # not rendered by rayship: report, never overwrite
+        return Plan(rayjob_name, context=replace(observed, unapplied=("(RayJob not managed by rayship)",)))
+    edits = spec_edits(launched, wanted)
+    # Under a Kueue queue, Kueue owns the RayJob's spec.suspend (admission): never fight it.
+    mutable = [p for p in edits if p in MUTABLE_FIELDS and not tj.spec.scheduling.queue]
+    patch = None
+    if mutable:
+        launched.update({p: wanted[p] for p in mutable})
+        patch = {
+            "metadata": {"annotations": {names.ANNOTATION_SPEC: applied_record(launched)}},
+            "spec": {p: wanted[p] for p in mutable},
+        }
+    unapplied = tuple(p for p in edits if p not in mutable)
+    return Plan(
+        rayjob_name,
+        patch=patch,
+        on_patch=Event("Normal", "RayJobUpdated", f"applied {sorted(mutable)}"),
+        context=replace(observed, unapplied=unapplied),
+    )
