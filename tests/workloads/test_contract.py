@@ -18,7 +18,7 @@ from rayship import api
 from rayship.api.validation import parse_trainingjob
 from rayship.config import OperatorConfig
 from rayship.controller import trainingjob
-from rayship_workloads import job, recipes, train
+from rayship_workloads import data, job, recipes, train
 from tests.conftest import SAMPLES
 
 pytestmark = pytest.mark.workloads
@@ -66,7 +66,7 @@ def test_every_recipe_of_the_api_has_a_registry_record() -> None:
     (literal,) = [a for a in typing.get_args(annotation) if a is not type(None)]
     assert set(typing.get_args(literal)) == set(recipes.RECIPES)
     for name, recipe in recipes.RECIPES.items():
-        assert recipe.name == name and recipe.data_kind in typing.get_args(recipes.data.DataKind)
+        assert recipe.name == name and recipe.data_kind in typing.get_args(data.DataKind)
     with pytest.raises(ValueError, match="unknown recipe 'gan'; known: mlp, causal-lm"):
         recipes.get("gan")
 
