@@ -28,7 +28,6 @@ MAX_FUNCTION_LINES = 60
 # What is still over the limits (issue 32 moves it); a file or function may shrink off the list, never grow.
 OVERSIZED: dict[str, int] = {
     "operator/rayship/controller/handlers.py": 789,
-    "controlplane/cluster.py": 1976,
     "operator/rayship/controller/modelservice/rayservice.py:ray_cluster_config": 61,
     "operator/rayship/controller/modelservice/planner.py:plan": 70,
     "operator/rayship/controller/modelservice/phase.py:status": 97,
@@ -37,10 +36,10 @@ OVERSIZED: dict[str, int] = {
     "workloads/rayship_workloads/hf_trainer.py:loop": 69,
     "workloads/rayship_workloads/job.py:run": 65,
     "workloads/rayship_workloads/tune.py:search": 122,
-    "controlplane/cluster.py:start_operator": 63,
+    "controlplane/operator_run.py:start_operator": 63,
     "controlplane/cluster.py:up": 67,
-    "controlplane/cluster.py:_start": 94,
-    "controlplane/cluster.py:provisioner": 70,
+    "controlplane/cluster.py:_start": 73,
+    "controlplane/storage.py:provisioner": 70,
 }
 
 

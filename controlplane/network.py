@@ -1,0 +1,100 @@
+"""The network namespace `rayship-pods` the pod and service ranges are routed into, and the API server
+forwarder (TCP, TLS passes through) the real node reaches the API server by."""
+
+from __future__ import annotations
+
+import signal
+
+from controlplane.config import (
+    LINK_HOST_IP,
+    LINK_NS_IP,
+    NETNS,
+    NODES,
+    POD_CIDR,
+    SERVICE_CIDR,
+    VETH_HOST,
+    VETH_NS,
+)
+from controlplane.processes import run_command
+
+
+# --- network namespace ------------------------------------------------------------------------------
+def netns_exists() -> bool:
+    return NETNS in run_command(["ip", "netns", "list"], check=False).stdout.split()
+
+
+def ensure_netns() -> None:
+    """The pod network: POD_CIDR and SERVICE_CIDR lead into NETNS, where every connection is refused."""
+    if not netns_exists():
+        run_command(["ip", "netns", "add", NETNS])
+    ns = ["ip", "-n", NETNS]
+    if run_command(["ip", "link", "show", VETH_HOST], check=False).returncode != 0:
+        run_command(["ip", "link", "add", VETH_HOST, "type", "veth", "peer", "name", VETH_NS, "netns", NETNS])
+    run_command(["ip", "addr", "replace", f"{LINK_HOST_IP}/30", "dev", VETH_HOST])
+    run_command(["ip", "link", "set", VETH_HOST, "up"])
+    run_command([*ns, "addr", "replace", f"{LINK_NS_IP}/30", "dev", VETH_NS])
+    run_command([*ns, "link", "set", VETH_NS, "up"])
+    run_command([*ns, "link", "set", "lo", "up"])
+    for cidr in (POD_CIDR, SERVICE_CIDR):
+        # In NETNS every address of the range is local, so its kernel answers a SYN with a RST. The
+        # route lives in table `local`: only there does the kernel accept such an address as the
+        # source of that RST. A more specific route added to the same table later wins over it.
+        run_command([*ns, "route", "replace", "local", cidr, "dev", "lo", "table", "local"])
+        run_command(
+            ["ip", "route", "replace", cidr, "via", LINK_NS_IP, "dev", VETH_HOST, "src", LINK_HOST_IP]
+        )
+    probe = NODES[0].pod_cidr.split("/")[0].rsplit(".", 1)[0] + ".250"
+    route = run_command(["ip", "route", "get", probe]).stdout
+    if f"dev {VETH_HOST}" not in route:
+        raise RuntimeError(f"pod address {probe} does not route into {NETNS}: {route}")
+
+
+def remove_netns() -> bool:
+    """Remove NETNS (its veth pair and the host routes through it go with it). True if it existed."""
+    for cidr in (POD_CIDR, SERVICE_CIDR):
+        run_command(["ip", "route", "del", cidr, "dev", VETH_HOST], check=False)
+    run_command(["ip", "link", "del", VETH_HOST], check=False)
+    if not netns_exists():
+        return False
+    run_command(["ip", "netns", "del", NETNS])
+    return True
+
+
+# --- the API server forwarder (runs as its own component) -------------------------------------------
+def api_forward(listen: str, port: int, to_port: int, to_host: str = "127.0.0.1") -> None:
+    """TCP passthrough listen:port -> to_host:to_port (TLS is end to end: the API server's own)."""
+    import asyncio
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+            if writer.can_write_eof():
+                writer.write_eof()
+        except (ConnectionError, OSError) as err:
+            print(f"api-forward: connection ended: {err}", flush=True)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(to_host, to_port)
+        except OSError as err:
+            print(f"api-forward: the API server refused: {err}", flush=True)
+            writer.close()
+            return
+        try:
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        finally:
+            for w in (writer, up_writer):
+                w.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, listen, port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        print(f"api-forward: {listen}:{port} -> {to_host}:{to_port}", flush=True)
+        async with server:
+            await stop.wait()
+
+    asyncio.run(main())
