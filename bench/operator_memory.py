@@ -54,7 +54,7 @@ KINDS = [
     ("importlib", "modules: code, classes, constants (imports)"),
     ("sslproto.py", "TLS buffers of kopf's aiohttp connections"),
     ("kopf/_cogs/clients/api.py", "watch events as kopf decoded them (JSON)"),
-    ("rayship/handlers.py", "rayship's own copies (indexes, own writes, diffbase)"),
+    ("rayship/controller/", "rayship's own copies (indexes, own writes, diffbase)"),
     ("kopf/", "kopf's per-object bookkeeping and tasks"),
     ("kubernetes/", "kubernetes client (responses, models)"),
     ("pydantic", "pydantic models and validators"),

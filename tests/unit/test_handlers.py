@@ -14,15 +14,16 @@ def test_liveness_fails_while_a_reconcile_is_wedged() -> None:
     import pytest
 
     from rayship.controller import handlers
+    from rayship.controller import reconcile as loop
 
     memo = SimpleNamespace(config=SimpleNamespace(wedged_seconds=300))
     assert handlers.reconciles_not_wedged(memo=memo) == 0
-    handlers._running[-1] = ("TrainingJob ns/stuck", time.monotonic() - 301)
+    loop.running[-1] = ("TrainingJob ns/stuck", time.monotonic() - 301)
     try:
         with pytest.raises(RuntimeError, match="TrainingJob ns/stuck has been running for 30"):
             handlers.reconciles_not_wedged(memo=memo)
     finally:
-        del handlers._running[-1]
+        del loop.running[-1]
 
 
 def test_a_reconcile_still_queued_for_a_thread_is_dropped_when_the_operator_stops() -> None:
@@ -108,30 +109,31 @@ def test_a_reconcile_an_event_triggered_is_retried_after_a_temporary_failure() -
 def test_a_reconcile_starts_from_its_own_status_write_until_a_reconcile_sees_a_newer_version() -> None:
     """Under load the watch lags behind the operator's own status writes: a reconcile from the watch
     starts from the remembered write (not a 409 and two GETs), until a reconcile sees a newer version."""
-    from rayship.controller import handlers
+    from rayship.controller import kopf_storage
+    from rayship.controller import reconcile as loop
 
     key = ("TrainingJob", "ns", "tj")
     old = {"metadata": {"name": "tj", "resourceVersion": "10"}, "status": {}}
     written = {"metadata": {"name": "tj", "resourceVersion": "11"}, "status": {"phase": "Pending"}}
-    handlers._written[key] = ("10", handlers._kept(written))
+    loop.written[key] = ("10", kopf_storage.kept(written))
     try:
-        seen = handlers.Seen(old, None)
-        assert handlers._with_own_write(*key, seen).obj == written
+        seen = loop.Seen(old, None)
+        assert loop._with_own_write(*key, seen).obj == written
         # Another reconcile still reading 10 from the index (kopf stores the watch's 11 there only
         # after its index handler returns) also starts from our write: it is still remembered.
-        assert handlers._with_own_write(*key, seen).obj == written
+        assert loop._with_own_write(*key, seen).obj == written
         # A reconcile that sees 11 works from the watch, and the write is forgotten.
-        assert handlers._with_own_write(*key, handlers.Seen(written, None)).obj is written
-        assert key not in handlers._written
-        assert handlers._with_own_write(*key, seen).obj is old
+        assert loop._with_own_write(*key, loop.Seen(written, None)).obj is written
+        assert key not in loop.written
+        assert loop._with_own_write(*key, seen).obj is old
         # A reconcile from a watch already past the write (its event came before it was remembered):
         # works from the watch, and the write is forgotten.
-        handlers._written[key] = ("10", handlers._kept(written))
+        loop.written[key] = ("10", kopf_storage.kept(written))
         newer = {"metadata": {"name": "tj", "resourceVersion": "12"}}
-        assert handlers._with_own_write(*key, handlers.Seen(newer, None)).obj is newer
-        assert key not in handlers._written
+        assert loop._with_own_write(*key, loop.Seen(newer, None)).obj is newer
+        assert key not in loop.written
     finally:
-        handlers._written.pop(key, None)
+        loop.written.pop(key, None)
 
 
 def test_reconciles_of_one_object_never_overlap_those_of_two_objects_do(
@@ -144,6 +146,7 @@ def test_reconciles_of_one_object_never_overlap_those_of_two_objects_do(
 
     from rayship.config import OperatorConfig
     from rayship.controller import handlers
+    from rayship.controller import reconcile as loop
 
     running, peak = [0], [0]  # reconciles running now, and the most at once in this run
     guard = threading.Lock()
@@ -157,7 +160,7 @@ def test_reconciles_of_one_object_never_overlap_those_of_two_objects_do(
             running[0] -= 1
         return True
 
-    monkeypatch.setattr(handlers, "_reconcile_once", once)
+    monkeypatch.setattr(loop, "_reconcile_once", once)
     config = OperatorConfig()
 
     def run_at_once(names: list[str]) -> int:
@@ -176,8 +179,8 @@ def test_reconciles_of_one_object_never_overlap_those_of_two_objects_do(
     other = next(
         f"pair-{i}"
         for i in range(1000)
-        if handlers.object_lock("TrainingJob", "ns", f"pair-{i}")
-        is not handlers.object_lock("TrainingJob", "ns", "pair")
+        if loop.object_lock("TrainingJob", "ns", f"pair-{i}")
+        is not loop.object_lock("TrainingJob", "ns", "pair")
     )
     assert run_at_once(["pair", other]) == 2
 
@@ -188,7 +191,7 @@ def test_a_kept_object_is_trimmed_packed_and_read_back_as_a_fresh_copy() -> None
     import kopf
 
     from rayship.api import names
-    from rayship.controller import handlers
+    from rayship.controller import kopf_storage
 
     raw = {
         "apiVersion": "ray.io/v1",
@@ -202,7 +205,7 @@ def test_a_kept_object_is_trimmed_packed_and_read_back_as_a_fresh_copy() -> None
         "spec": {"rayClusterSpec": {"headGroupSpec": {}}, "suspend": True},
         "status": {"jobDeploymentStatus": "Suspended"},
     }
-    kept = handlers._kept(kopf.Body(raw), drop_spec=("rayClusterSpec",))
+    kept = kopf_storage.kept(kopf.Body(raw), drop_spec=("rayClusterSpec",))
     assert isinstance(kept, bytes)
     expected = {
         "apiVersion": "ray.io/v1",
@@ -211,10 +214,10 @@ def test_a_kept_object_is_trimmed_packed_and_read_back_as_a_fresh_copy() -> None
         "spec": {"suspend": True},
         "status": {"jobDeploymentStatus": "Suspended"},
     }
-    first = handlers._unpacked(kept)
+    first = kopf_storage.unpacked(kept)
     assert first == expected
     first["status"]["jobDeploymentStatus"] = "Running"  # a reconcile's own copy
-    assert handlers._unpacked(kept) == expected
+    assert kopf_storage.unpacked(kept) == expected
     assert raw["metadata"]["managedFields"] and raw["spec"]["rayClusterSpec"] == {"headGroupSpec": {}}
 
 
@@ -222,9 +225,9 @@ def test_kopfs_diffbase_is_kept_packed_in_memory_and_forgotten_with_the_object()
     import kopf
 
     from rayship import api
-    from rayship.controller import handlers
+    from rayship.controller import kopf_storage
 
-    store = handlers.MemoryDiffBase(prefix="test.rayship.dev")
+    store = kopf_storage.MemoryDiffBase(prefix="test.rayship.dev")
     ms = {"apiVersion": api.API_VERSION, "kind": "ModelService", "metadata": {"uid": "u1", "name": "ms"}}
     body = kopf.Body({**ms, "spec": {"routePrefix": "/a"}, "status": {"phase": "Ready"}})
     essence = cast(kopf.BodyEssence, {"spec": {"routePrefix": "/a"}, "metadata": {"labels": {"a": "b"}}})
@@ -245,9 +248,9 @@ def test_kopf_builds_no_essence_of_a_kind_without_change_handlers(api_version: s
     """kopf diffs every event's essence; only ModelServices have change handlers to give it to."""
     import kopf
 
-    from rayship.controller import handlers
+    from rayship.controller import kopf_storage
 
-    store = handlers.MemoryDiffBase(prefix="test.rayship.dev")
+    store = kopf_storage.MemoryDiffBase(prefix="test.rayship.dev")
     body = kopf.Body({"apiVersion": api_version, "kind": kind, "metadata": {"uid": "u2"}, "spec": {"a": 1}})
     store.store(body=body, patch=kopf.Patch(), essence=cast(kopf.BodyEssence, {"spec": {"a": 1}}))
     assert store.build(body=body) is None and store.fetch(body=body) is None
@@ -303,7 +306,7 @@ def test_a_trainingjob_is_queued_while_its_status_does_not_reflect_its_spec(monk
     from rayship.controller import handlers
 
     queued: list[tuple[tuple[str, str], bool]] = []
-    for name, value in [("_trainingjobs", set()), ("_reconciled", {}), ("_watched", {}), ("_terminating", {}),
+    for name, value in [("_trainingjobs", set()), ("_reconciled", {}), ("_watched", {}), ("terminating", {}),
                         ("_kopf_context", None)]:  # fmt: skip
         monkeypatch.setattr(handlers, name, value)
     monkeypatch.setattr(handlers.TRAINING_QUEUE, "add", lambda key, fresh=False: queued.append((key, fresh)))

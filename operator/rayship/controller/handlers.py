@@ -1,5 +1,7 @@
-"""kopf wiring: one reconcile loop, parameterised per kind; the kinds' pure plan/status/announce live
-in `rayship.controller.trainingjob` and `rayship.controller.modelservice`, all I/O goes through `rayship.controller.k8s`.
+"""kopf wiring: each kind's `Controller` entry and handlers (TrainingJobs through their work queue and
+the resync thread, ModelServices through kopf's handlers and timers), start-up settings, the liveness
+probe and the signals. The loop they call is `rayship.controller.reconcile`; the kinds' pure
+plan/status/announce live in `rayship.controller.trainingjob` and `rayship.controller.modelservice`.
 
 Run with `rayship operator` or `kopf run --standalone -m rayship.controller.handlers`.
 """
@@ -9,17 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import json
 import logging
 import math
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
-from typing import Any, cast
+from dataclasses import replace
+from typing import Any
 
 import kopf
 from pydantic import SecretStr
@@ -28,41 +28,14 @@ from rayship import api, metrics
 from rayship.api import names
 from rayship.config import OperatorConfig, from_environment
 from rayship.controller import k8s, modelservice, trainingjob
-from rayship.controller.conditions import Event, Plan, Probe, describe_foreign, owned_changes, ownership
+from rayship.controller.kopf_storage import DIFFBASE, PROGRESS, forget_object, kept, one_of
+from rayship.controller.reconcile import Controller, Seen, reconcile, running, terminating, written
 from rayship.controller.workqueue import WorkQueue
 
-CONFLICT_RETRIES = 5
 # Timers are declared at import: the resync interval comes from the same RAYSHIP_* environment.
 RESYNC_SECONDS = from_environment().resync_seconds
 
 log = logging.getLogger("rayship")
-_running: dict[int, tuple[str, float]] = {}  # thread -> (what, monotonic start) of running reconciles
-
-
-@dataclass(frozen=True)
-class Controller:
-    """Everything the reconcile loop needs to know about one kind."""
-
-    kind: str
-    resource: api.Resource
-    child: api.Resource  # the KubeRay object it owns
-    child_name: Callable[[str], str]
-    # The other objects (same namespace) its plan depends on, e.g. a ModelService's TrainingJobs; the
-    # plan gets those that exist.
-    related: Callable[[Mapping[str, Any]], list[tuple[api.Resource, str]]]
-    plan: Callable[
-        [Mapping[str, Any], Mapping[str, Any] | None, Sequence[Mapping[str, Any]], OperatorConfig], Plan
-    ]
-    # The label selector of the child's Ray pods while they are worth a look (not running yet).
-    pods: Callable[[Mapping[str, Any] | None], str | None]
-    status: Callable[
-        [Mapping[str, Any], Mapping[str, Any] | None, Plan, list[dict[str, Any]], datetime], dict[str, Any]
-    ]
-    announce: Callable[[Mapping[str, Any], Mapping[str, Any]], list[Event]]
-    # A GET through the API server's service proxy worth making before the status is derived
-    # (pure: which, if any), and how its answer (HTTP code, body) goes into the plan.
-    probe: Callable[[Plan, Mapping[str, Any] | None, OperatorConfig], Probe | None] = lambda *_: None
-    heard: Callable[[Plan, int, str], Plan] = lambda plan, *_: plan
 
 
 def _modelservice_related(ms: Mapping[str, Any]) -> list[tuple[api.Resource, str]]:
@@ -122,74 +95,6 @@ def in_thread(handler: Callable[..., None]) -> Callable[..., Awaitable[None]]:
     return run
 
 
-class MemoryProgress(kopf.AnnotationsProgressStorage):
-    """kopf's per-handler progress (retry counts, delays) in this process's memory, not written to
-    the object: a reconcile is idempotent, so after a restart every object is simply handled again.
-    Only kopf's nudge to retry a failed handler after its delay (`touch`) is an annotation patch."""
-
-    def __init__(self, prefix: str):
-        super().__init__(prefix=prefix)
-        self.records: dict[tuple[str, kopf.HandlerId], kopf.ProgressRecord] = {}
-
-    def fetch(self, *, key: kopf.HandlerId, body: kopf.Body) -> kopf.ProgressRecord | None:
-        return self.records.get((body.metadata.uid or "", key))
-
-    def store(
-        self, *, key: kopf.HandlerId, record: kopf.ProgressRecord, body: kopf.Body, patch: kopf.Patch
-    ) -> None:
-        self.records[(body.metadata.uid or "", key)] = kopf.ProgressRecord(**record)
-
-    def purge(self, *, key: kopf.HandlerId, body: kopf.Body, patch: kopf.Patch) -> None:
-        self.records.pop((body.metadata.uid or "", key), None)
-        super().purge(key=key, body=body, patch=patch)  # annotations an earlier version wrote
-
-    def forget(self, uid: str) -> None:
-        for stale in [k for k in self.records if k[0] == uid]:
-            del self.records[stale]
-
-
-class MemoryDiffBase(kopf.AnnotationsDiffBaseStorage):
-    """The spec kopf last handled for a ModelService (the base of its diffs: it runs the update
-    handler only when something but the status changed), in memory packed as compact JSON
-    (`_packed`), not written to the object. After a restart an object has none, so kopf handles it as
-    created: the same reconcile."""
-
-    def __init__(self, prefix: str):
-        super().__init__(prefix=prefix, key="last-handled-configuration")
-        self.essences: dict[str, bytes] = {}
-
-    # kopf builds the essence of every object at every event (a deep copy of the whole object, then
-    # trimmed: ~51 us) and diffs it with the last one, whether or not the kind has a change handler
-    # to give the diff to. TrainingJobs, RayJobs and namespaces have none: only a ModelService's is
-    # built (and fetched); kopf takes None for none.
-    @staticmethod
-    def _diffed(body: kopf.Body) -> bool:
-        return body.get("kind") == api.MODEL_SERVICE.kind and body.get("apiVersion") == api.API_VERSION
-
-    def build(  # type: ignore[override]  # kopf's processing takes None for "no essence"
-        self, *, body: kopf.Body, extra_fields: Any = None
-    ) -> kopf.BodyEssence | None:
-        return super().build(body=body, extra_fields=extra_fields) if self._diffed(body) else None
-
-    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
-        if not self._diffed(body):
-            return None
-        found = self.essences.get(body.metadata.uid or "")
-        if found is None:
-            return super().fetch(body=body)  # an annotation an earlier version wrote
-        return cast(kopf.BodyEssence, _unpacked(found))
-
-    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
-        self.essences[body.metadata.uid or ""] = _packed(essence)
-
-    def forget(self, uid: str) -> None:
-        self.essences.pop(uid, None)
-
-
-PROGRESS = MemoryProgress(prefix=names.KOPF_ANNOTATION_PREFIX)
-DIFFBASE = MemoryDiffBase(prefix=names.KOPF_ANNOTATION_PREFIX)
-
-
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # kopf's bookkeeping stays in memory: no writes to the objects for it (see MemoryProgress).
@@ -228,29 +133,29 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 def reconciles_not_wedged(memo: kopf.Memo, **_: Any) -> int:
     """Liveness: fails (kopf answers 500) while one reconcile has run longer than `wedged_seconds`."""
     now = time.monotonic()
-    for what, started in list(_running.values()):
+    for what, started in list(running.values()):
         if now - started > memo.config.wedged_seconds:
             raise RuntimeError(f"reconcile of {what} has been running for {now - started:.0f} s")
-    return len(_running)
+    return len(running)
 
 
 # --- TrainingJob ---------------------------------------------------------------------------------
 
 
-# What kopf's watches last showed, kept in memory by kopf (trimmed and packed: see `_kept`): the
+# What kopf's watches last showed, kept in memory by kopf (trimmed and packed: see `kept`): the
 # first pass of a reconcile reads these instead of GETting the objects again.
 @kopf.index(*api.TRAININGJOBS)
 async def trainingjobs_seen(
     *, namespace: str | None, name: str, body: kopf.Body, **_: Any
 ) -> dict[tuple[str | None, str], bytes]:
-    return {(namespace, name): _kept(body)}
+    return {(namespace, name): kept(body)}
 
 
 @kopf.index(*api.RAYJOBS, labels={names.LABEL_TRAININGJOB: kopf.PRESENT})
 async def rayjobs_seen(
     *, namespace: str | None, name: str, body: kopf.Body, **_: Any
 ) -> dict[tuple[str | None, str], bytes]:
-    return {(namespace, name): _kept(body, drop_spec=("rayClusterSpec",))}
+    return {(namespace, name): kept(body, drop_spec=("rayClusterSpec",))}
 
 
 def _reconcile_queued(key: tuple[str, str], fresh_child: bool) -> None:
@@ -315,7 +220,6 @@ async def namespaces_terminating(*, name: str, status: Mapping[str, Any], **_: A
 # from what kopf's watches hold (`_watched`: its indexes, set by the first TrainingJob event).
 _trainingjobs: set[tuple[str, str]] = set()
 _watched: dict[str, kopf.Index[tuple[str | None, str], bytes]] = {}
-_terminating: dict[str, kopf.Index[str, bool]] = {}  # "namespaces": kopf's live index, set by the first event
 # When each TrainingJob's last reconcile succeeded, (namespace, name) -> monotonic seconds: the
 # resync reconciles only those no event reconciled within the interval.
 _reconciled: dict[tuple[str, str], float] = {}
@@ -378,9 +282,9 @@ def reconcile_trainingjob(namespace: str, name: str, config: OperatorConfig, see
 
 def _watched_now(namespace: str, name: str) -> Seen | None:
     """A TrainingJob and its RayJob as kopf's watches hold them (None: not watched yet: read them)."""
-    if not _watched or (obj := _one(_watched["trainingjobs"], (namespace, name))) is None:
+    if not _watched or (obj := one_of(_watched["trainingjobs"], (namespace, name))) is None:
         return None
-    return Seen(obj, _one(_watched["rayjobs"], (namespace, names.rayjob_name(name))))
+    return Seen(obj, one_of(_watched["rayjobs"], (namespace, names.rayjob_name(name))))
 
 
 @kopf.on.cleanup()
@@ -523,14 +427,14 @@ async def trainingjob_event(
     queued by its RayJob's events (at start-up too) and by the resync. This replaces kopf's create,
     update and resume handlers, and their change detection at every event."""
     _keep_kopf_views(trainingjobs_seen, rayjobs_seen)
-    _terminating.update(namespaces=namespaces_terminating)
+    terminating.update(namespaces=namespaces_terminating)
     ns = _namespaced(namespace)
     if type == "DELETED":
         _trainingjobs.discard((ns, name))
         _reconciled.pop((ns, name), None)
-        _written.pop((TRAINING.kind, ns, name), None)
+        written.pop((TRAINING.kind, ns, name), None)
         if uid:
-            _forget(uid)
+            forget_object(uid)
     else:
         _trainingjobs.add((ns, name))
         if status.get("observedGeneration") != meta.get("generation"):
@@ -549,241 +453,16 @@ def _reconcile_services(*, namespace: str, services: list[str], config: Operator
         )
 
 
-def _kept(body: Mapping[str, Any], drop_spec: tuple[str, ...] = ()) -> bytes:
-    """A watched object as the operator keeps it for as long as it exists (kopf's indexes, own status
-    writes): `_trimmed`, packed as compact JSON, one allocation; `_unpacked` reads it back (~6 us for
-    a TrainingJob). Kept as dicts, each object was a tree of small objects that also held on to the
-    strings of kopf's decoded event: 12.7 KB a TrainingJob with its RayJob, 4.6 KB packed (tracemalloc,
-    1000 of each)."""
-    return _packed(_trimmed(body, drop_spec))
-
-
-def _packed(value: Mapping[str, Any]) -> bytes:
-    """What the operator keeps in memory per object (`_kept`, kopf's diffbase): compact JSON."""
-    return json.dumps(value, separators=(",", ":")).encode()
-
-
-def _unpacked(kept: bytes) -> dict[str, Any]:
-    """A packed object (`_packed`) as plain dicts: a fresh copy, the caller's own."""
-    return cast(dict[str, Any], json.loads(kept))
-
-
-def _trimmed(body: Mapping[str, Any], drop_spec: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A watched object as plain dicts, without what no reconcile reads and memory would hold for
-    every object: managedFields, kopf's copy of the last handled spec, and `drop_spec` fields."""
-    kept: dict[str, Any] = {k: _plain(v) for k, v in body.items() if k not in ("metadata", "spec")}
-    meta = {k: _plain(v) for k, v in body.get("metadata", {}).items() if k != "managedFields"}
-    if annotations := meta.get("annotations"):
-        meta["annotations"] = {k: v for k, v in annotations.items() if k != names.KOPF_DIFFBASE_ANNOTATION}
-    kept["metadata"] = meta
-    if "spec" in body:
-        kept["spec"] = {k: _plain(v) for k, v in body["spec"].items() if k not in drop_spec}
-    return kept
-
-
-def _plain(value: Any) -> Any:
-    """A value of a watched object as plain dicts and lists. (Not a closure in `_trimmed`: a nested
-    function that calls itself is a reference cycle, garbage for the cyclic collector at every event.)"""
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _one(index: kopf.Index[Any, bytes], key: Any) -> dict[str, Any] | None:
-    kept = next(iter(index.get(key, [])), None)
-    return None if kept is None else _unpacked(kept)
-
-
 @kopf.on.event(*api.MODELSERVICES)  # type: ignore[arg-type]  # kopf's WatchingFn does not model index kwargs
 async def modelservice_gone(
     *, type: str | None, uid: str | None, namespaces_terminating: kopf.Index[str, bool], **_: Any
 ) -> None:
-    _terminating.update(namespaces=namespaces_terminating)
+    terminating.update(namespaces=namespaces_terminating)
     if type == "DELETED" and uid:
-        _forget(uid)
-
-
-def _forget(uid: str) -> None:
-    """Drop kopf's in-memory bookkeeping of a deleted object."""
-    PROGRESS.forget(uid)
-    DIFFBASE.forget(uid)
+        forget_object(uid)
 
 
 def _namespaced(namespace: str | None) -> str:
     if namespace is None:  # every kind rayship watches is namespaced
         raise kopf.PermanentError("rayship resources are namespaced; got a cluster-scoped object")
     return namespace
-
-
-# --- the reconcile loop --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Seen:
-    """The resource and its child as kopf's watches last showed them (None: no child seen)."""
-
-    obj: dict[str, Any]
-    child: dict[str, Any] | None
-
-
-# A reconcile that works from the watches remembers its last status write, (kind, namespace, name) ->
-# (the resourceVersion it wrote over, the object the API server returned, `_kept`), until a reconcile
-# sees a newer version (`_with_own_write`; the resync reconciles every object, so an entry lasts at
-# most about two resync intervals). Under load the watch lags behind the operator's own writes: a
-# reconcile right after one (e.g. of the RayJob KubeRay just updated) would write at the older
-# version, get a 409 and read both objects again (a 100-job burst: 62 of 169 status writes). Not
-# forgotten when the watch shows the write: kopf stores an event in its index only after the index
-# handler returns, and a reconcile reading the index meanwhile still sees the older version.
-_written: dict[tuple[str, str, str], tuple[str, bytes]] = {}
-
-
-def _with_own_write(kind: str, namespace: str, name: str, seen: Seen) -> Seen:
-    """`seen`, its resource replaced by our own later write when the watch has not shown that yet.
-    A write the watch has moved past is forgotten here too: its own event may have come before the
-    write was remembered, and no later event may come (the resync still passes by)."""
-    mine = _written.get((kind, namespace, name))
-    if mine is None:
-        return seen
-    if seen.obj["metadata"].get("resourceVersion") == mine[0]:
-        return replace(seen, obj=_unpacked(mine[1]))
-    _written.pop((kind, namespace, name), None)
-    return seen
-
-
-# One reconcile of an object at a time, as a controller's work queue guarantees: otherwise a job's
-# create pass and its RayJob's first event, run at once, can both write its status at the same
-# resourceVersion, and one loses (409: both objects read again, the status written again). The one
-# that waited starts from the other's write (`_with_own_write`). Locks by stripe: bounded memory;
-# with 32 workers, two objects seldom share one. (Reconciles never nest, so a stripe is never
-# taken twice by one thread.) TrainingJobs have their work queue, which guarantees this too; the
-# locks serve the ModelServices (their handlers, timers and RayService events run in kopf's pool).
-_OBJECT_LOCKS = tuple(threading.Lock() for _ in range(256))
-
-
-def object_lock(kind: str, namespace: str, name: str) -> threading.Lock:
-    return _OBJECT_LOCKS[hash((kind, namespace, name)) % len(_OBJECT_LOCKS)]
-
-
-def reconcile(
-    ctl: Controller, namespace: str, name: str, config: OperatorConfig, seen: Seen | None = None
-) -> None:
-    """Bring the child in line with the resource, then mirror the child's state into the resource's
-    status (written only when it changed, at the resourceVersion it was derived from); idempotent.
-    Never runs twice at once for one object (`object_lock`).
-
-    With `seen`, the first pass works from what the watches showed; a status write that finds the
-    resource changed since (409) reads both from the API server and plans again."""
-    metrics.RECONCILES.labels(ctl.kind).inc()
-    with object_lock(ctl.kind, namespace, name):
-        _running[threading.get_ident()] = (f"{ctl.kind} {namespace}/{name}", time.monotonic())
-        try:
-            with metrics.RECONCILE_ERRORS.labels(ctl.kind).count_exceptions():
-                for attempt in range(CONFLICT_RETRIES):
-                    first = seen if attempt == 0 else None
-                    if _reconcile_once(ctl, namespace, name, config, first, watched=seen is not None):
-                        return
-                raise kopf.TemporaryError(f"{ctl.kind} {namespace}/{name} kept changing; retrying", delay=2)
-        finally:
-            _running.pop(threading.get_ident(), None)
-
-
-def _reconcile_once(
-    ctl: Controller,
-    namespace: str,
-    name: str,
-    config: OperatorConfig,
-    seen: Seen | None = None,
-    watched: bool = False,
-) -> bool:
-    """One read-plan-act-write pass; False when the status write lost a race (read again).
-    `watched`: the reconcile works from the watches, so its status write is remembered (`_written`).
-    Nothing at all in a namespace being deleted."""
-    if namespace in _terminating.get("namespaces", {}):
-        return True
-    if seen is not None:
-        seen = _with_own_write(ctl.kind, namespace, name, seen)
-    obj = seen.obj if seen else k8s.get(ctl.resource, namespace, name)
-    if obj is None or obj["metadata"].get("deletionTimestamp"):
-        return True  # gone or going: its children follow by garbage collection
-    child = seen.child if seen else k8s.get(ctl.child, namespace, ctl.child_name(name))
-    related = [found for ref in ctl.related(obj) if (found := k8s.get(ref[0], namespace, ref[1])) is not None]
-    todo = ctl.plan(obj, child, related, config)
-    if seen and child is None and todo.create is None:
-        # No child in memory, and the plan acts on its absence (e.g. a launched child gone): the
-        # watch may lag behind a child just made, so ask the API server before acting on it.
-        child = k8s.get(ctl.child, namespace, ctl.child_name(name))
-        todo = ctl.plan(obj, child, related, config)
-    owner = kopf.Body(cast(kopf.RawBody, obj))  # a raw object as read from the API
-    try:
-        child = _carry_out(ctl, owner, obj, child, todo)
-    except k8s.Rejected as refused:
-        todo = replace(todo, rejected=(refused.phase, refused.reason, refused.message))
-    except k8s.Busy as busy:
-        raise kopf.TemporaryError(str(busy), delay=5) from None
-    except k8s.Terminating:
-        return True  # the namespace is being deleted: nothing new can be made there, nor is needed
-    if (probe := ctl.probe(todo, child, config)) is not None:
-        todo = ctl.heard(todo, *k8s.proxy_get(namespace, probe))
-    current = obj.get("status") or {}
-    selector = ctl.pods(child)
-    pods = k8s.list_pods(namespace, selector) if selector else []
-    desired = ctl.status(obj, child, todo, pods, datetime.now(UTC))
-    changes = owned_changes(current, desired)
-    if not changes:
-        return True
-    if _child_going(child, todo) and k8s.namespace_terminating(namespace):
-        # The namespace watch has not told yet (or no event has handed its index over): asked, as
-        # the status would say that a job or service failed moments before it goes too.
-        return True
-    written_over = obj["metadata"]["resourceVersion"]
-    try:
-        stored = k8s.patch_status(ctl.resource, namespace, name, changes, written_over)
-    except k8s.Conflict:
-        return False
-    if watched:
-        _written[(ctl.kind, namespace, name)] = (written_over, _kept(stored))
-    if desired.get("phase") != current.get("phase"):
-        metrics.PHASE_TRANSITIONS.labels(ctl.kind, str(desired.get("phase"))).inc()
-    for event in ctl.announce(current, desired):
-        _post(owner, event)
-    return True
-
-
-def _child_going(child: Mapping[str, Any] | None, todo: Plan) -> bool:
-    """The status to write reacts to the child being deleted or gone (not to one about to be made)."""
-    if child is None:
-        return todo.create is None
-    return bool(child["metadata"].get("deletionTimestamp"))
-
-
-def _carry_out(
-    ctl: Controller, owner: kopf.Body, obj: Mapping[str, Any], child: dict[str, Any] | None, todo: Plan
-) -> dict[str, Any] | None:
-    """Create (prerequisites first, each adopted) or patch the child; the child as stored after."""
-    namespace = obj["metadata"]["namespace"]
-    if todo.create is not None or todo.patch is not None:
-        for prerequisite in todo.prerequisites:
-            kopf.adopt(prerequisite, owner=owner)
-            k8s.ensure(prerequisite, obj)
-    if todo.create is not None:
-        kopf.adopt(todo.create, owner=owner)
-        child = k8s.create(ctl.child, todo.create)
-        if (how := ownership(child, obj)) != "owned":  # created meanwhile by someone else: not ours
-            if how == "previous":
-                raise k8s.Busy(describe_foreign(child, ctl.child[2], how))
-            raise k8s.Rejected("Failed", "NameTaken", describe_foreign(child, ctl.child[2], how))
-        _post(owner, todo.on_create)
-        for warning in todo.warnings:
-            _post(owner, warning)
-    if todo.patch is not None and child is not None:
-        child = k8s.patch(ctl.child, namespace, todo.child_name, todo.patch)
-        _post(owner, todo.on_patch)
-    return child
-
-
-def _post(owner: kopf.Body, event: Event | None) -> None:
-    """Our own Events, posted explicitly (kopf.info() would obey posting.level and drop them)."""
-    if event is not None:
-        kopf.event(owner, type=event.type, reason=event.reason, message=event.message)
