@@ -79,6 +79,7 @@ from rayship.api.modelservice import (
     DeploymentSettings,
     FromTrainingJob,
     ModelService,
+    ModelServiceConditionType,
     ModelServiceSpec,
     ModelServiceStatus,
     ModelSource,
@@ -126,6 +127,7 @@ from rayship.api.trainingjob import (
     RuntimeEnvSpec,
     SchedulingSpec,
     TrainingJob,
+    TrainingJobConditionType,
     TrainingJobSpec,
     TrainingJobStatus,
     TuningStatus,
@@ -147,6 +149,8 @@ KINDS: tuple[Kind, ...] = (TRAINING_JOB, MODEL_SERVICE)
 KIND_BY_NAME: dict[str, Kind] = {k.kind: k for k in KINDS}
 
 __all__ = [
+    "ModelServiceConditionType",
+    "TrainingJobConditionType",
     "DEFAULT_MODEL_NAME",
     "ServeArgs",
     "max_ongoing_requests",

@@ -441,6 +441,8 @@ class ServedModelStatus(ApiModel):
 
 
 ServicePhase = Literal["WaitingForModel", "Deploying", "Ready", "Degraded", "Failed", "Invalid"]
+# The condition types of a ModelService's status (written by the operator).
+ModelServiceConditionType = Literal["Valid", "ModelAvailable", "Ready", "Upgrading"]
 
 
 class ModelServiceStatus(ApiModel):

@@ -353,6 +353,9 @@ class TrainingJobSpec(ApiModel):
 
 Phase = Literal["Pending", "Running", "Succeeded", "Failed", "Suspended", "Invalid"]
 TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
+# The condition types of a TrainingJob's status: the operator writes each, users and tools read them.
+# `Running`, `Complete`, `Failed` and `Suspended` follow the phase (one True at a time).
+TrainingJobConditionType = Literal["Valid", "Running", "Complete", "Failed", "Suspended", "SpecApplied"]
 
 
 class ProgressStatus(ApiModel):

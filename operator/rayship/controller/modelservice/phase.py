@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, cast
 
+from rayship import api
 from rayship.api import names
 from rayship.controller.conditions import (
     Event,
@@ -109,7 +110,7 @@ def status(
     generation = modelservice["metadata"].get("generation", 0)
     app = modelservice["metadata"]["name"]
 
-    def cond(type_: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+    def cond(type_: api.ModelServiceConditionType, ok: bool, reason: str, message: str) -> dict[str, Any]:
         return condition(current, type_, ok, reason, message, generation, now)
 
     invalid = ctx.invalid

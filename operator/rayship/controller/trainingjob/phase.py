@@ -64,8 +64,8 @@ PHASE_TABLE: dict[tuple[str, str], tuple[str, str, str | None]] = {
     ("Retrying", ANY): ("Pending", "Retrying", "an attempt failed; KubeRay is starting a new Ray cluster"),
 }
 
-PHASE_CONDITIONS = ("Running", "Complete", "Failed", "Suspended")
-_CONDITION_OF_PHASE = {
+PHASE_CONDITIONS: tuple[api.TrainingJobConditionType, ...] = ("Running", "Complete", "Failed", "Suspended")
+_CONDITION_OF_PHASE: dict[str, api.TrainingJobConditionType] = {
     "Running": "Running",
     "Succeeded": "Complete",
     "Failed": "Failed",
@@ -112,7 +112,9 @@ def phase_of(rayjob_status: Mapping[str, Any]) -> tuple[str, str, str]:
     return phase, reason, message or ""
 
 
-def _condition(type_: str, ok: bool, reason: str, message: str, obs: Observation, now: datetime) -> dict:
+def _condition(
+    type_: api.TrainingJobConditionType, ok: bool, reason: str, message: str, obs: Observation, now: datetime
+) -> dict:
     return condition(obs.current, type_, ok, reason, message, obs.generation, now)
 
 
