@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.realpods, pytest.mark.timeout(600)]
 
 TJ, MS, RJ, RS = api.TRAININGJOBS, api.MODELSERVICES, api.RAYJOBS, api.RAYSERVICES
 TRAINING, SERVING = "mlp-cpu", "mlp-cpu"  # the samples' names
+RETRAINED = "mlp-cpu-v2"  # the model the rollout rolls out
 CLAIM = "rayship-checkpoints"
 # What the samples ask, cut to the node: a head of half a CPU, workers of half a CPU each.
 SMALL_TRAINING = {
@@ -42,6 +43,7 @@ SMALL_TRAINING = {
     "workers": {"replicas": 2, "gpusPerWorker": 0, "cpusPerWorker": 0.5, "memoryPerWorker": "2Gi"},
     "ttlSecondsAfterFinished": 5,  # the finished job's Ray cluster frees the node soon
 }
+SAMPLE_TRAINER = yaml.safe_load((SAMPLES / "kind-trainingjob-cpu.yaml").read_text())["spec"]["trainer"]
 SMALL_SERVICE = {
     "head": {"cpus": 0.25, "memory": "3Gi"},
     "resources": {"gpus": 0, "cpus": 0.5, "memory": "2Gi"},
@@ -125,15 +127,21 @@ def phase(kube: Kube, resource: api.Resource, name: str, *finals: str) -> str:
     return found
 
 
-def test_ddp_trains_across_two_worker_pods_and_succeeds_from_kuberays_status(
+def test_ddp_trains_across_two_worker_pods_and_resumes_when_one_is_deleted(
     real_node, operator, kube: Kube
 ) -> None:
-    """Scenario 1: a head and two worker pods from the workload image on real-0; DDP's two ranks, one
-    in each worker pod, talk over the pod network; the checkpoints land on the PVC; `Succeeded` comes
-    from KubeRay's status; each worker pod's `kubectl logs` names its rank."""
+    """Scenarios 1 and 5 on one job: a head and two worker pods from the workload image on real-0;
+    DDP's two ranks, one in each worker pod, talk over the pod network; each worker pod's `kubectl
+    logs` names its rank. Then a worker pod is deleted mid-training (as a lost node would take it):
+    Ray Train loses a rank, KubeRay makes a new worker pod, and the training goes on from the latest
+    checkpoint on the PVC (never from scratch); the status says from which epoch, and `Succeeded`
+    comes from KubeRay's status."""
     cluster = real_node
     t0 = time.monotonic()
-    apply(cluster, kube, "kind-trainingjob-cpu.yaml", **SMALL_TRAINING)
+    epochs_in_all = 5  # deleted after epoch 2 or 3: the next attempt trains the last 2 or 3
+    # epochs of a few seconds: the progress shows while Running, and the deletion lands between two
+    apply(cluster, kube, "kind-trainingjob-cpu.yaml", **SMALL_TRAINING,
+          trainer=dict(SAMPLE_TRAINER, epochs=epochs_in_all), data={"source": "synthetic", "samples": 16384})  # fmt: skip
 
     # While it runs, `kubectl get tj` shows the epoch and the loss the workload patched (as the job's
     # own ServiceAccount, through the API server, with the token mounted in the pod).
@@ -164,16 +172,58 @@ def test_ddp_trains_across_two_worker_pods_and_succeeds_from_kuberays_status(
                                     if "rayship: training worker rank " in line}  # fmt: skip
     assert sorted(r for found in ranks.values() for r in found) == ["0", "1"], ranks
 
-    wait_for(lambda: phase(kube, TJ, TRAINING, "Succeeded") == "Succeeded", 300, what="Succeeded")
+    run = claim_folder(kube) / f"{kube.namespace}.{TRAINING}"
+    epochs: list[int] = []  # every epoch seen in status.progress, in order
+
+    def checkpoints() -> list[int]:
+        return sorted(int(p.name.rsplit("-", 1)[-1]) for p in run.glob("epoch-*")) if run.is_dir() else []
+
+    def watch(done: str) -> bool:
+        epoch = (kube.status(TJ, TRAINING).get("progress") or {}).get("epoch")
+        if epoch is not None and (not epochs or epochs[-1] != epoch):
+            epochs.append(epoch)
+        if done == "checkpointed":
+            assert phase(kube, TJ, TRAINING) != "Succeeded", f"finished before the deletion: epochs {epochs}"
+            return bool(epoch and epoch >= 2 and checkpoints())
+        return phase(kube, TJ, TRAINING, "Succeeded") == "Succeeded"
+
+    wait_for(lambda: watch("checkpointed"), 420, interval=0.2, what="two epochs and a checkpoint on the PVC")
+    seen = len(epochs)
+    deleted_at = epochs[-1]
+    victim = workers[0]
+    # At once, as a lost node takes it (a graceful delete waits out the grace period: `ray start`
+    # runs under a shell that ignores SIGTERM, and the last epochs could end before the kill).
+    kube.core.delete_namespaced_pod(victim.metadata.name, kube.namespace, grace_period_seconds=0)
+
+    wait_for(lambda: watch("succeeded"), 420, interval=0.2, what="Succeeded after a worker pod was deleted")
+    after = epochs[seen:]
+    assert after and min(after) >= deleted_at >= 2, f"epochs {epochs}; deleted after epoch {deleted_at}"
     rayjob = kube.status(RJ, names.rayjob_name(TRAINING))
     assert rayjob["jobStatus"] == "SUCCEEDED" and rayjob["jobDeploymentStatus"] == "Complete", rayjob
+    replaced = kube.pods(f"ray.io/cluster={cluster_name},ray.io/node-type=worker")
+    assert victim.metadata.uid not in {p.metadata.uid for p in replaced}, "the deleted pod was replaced"
     status = kube.status(TJ, TRAINING)
-    assert status["progress"]["epoch"] == 3
+    assert status["progress"]["epoch"] == epochs_in_all, status
+    resumed = status["progress"].get("resumedFromEpoch", 0)
+    assert deleted_at - 1 <= resumed < epochs_in_all, (status["progress"], epochs)
     model = status["checkpoint"]["model"]
     assert (on_host(kube, model) / "rayship-model.json").is_file(), f"{model} is not on the PVC"
     print(
-        f"training on real pods: first epoch {first_epoch:.0f}s after apply, Succeeded in {time.monotonic() - t0:.0f}s"
+        f"training on real pods: first epoch {first_epoch:.0f}s after apply; worker deleted after epoch "
+        f"{deleted_at} (checkpoints {checkpoints()}), epochs seen {epochs}; Succeeded in {time.monotonic() - t0:.0f}s"
     )
+
+
+def retrain(cluster, kube: Kube) -> None:
+    """`kubectl apply` the retraining the rollout serves (another model), small enough to run beside
+    the service (its head, KubeRay's autoscaler sidecar of 0.5 CPU, a replica) on the node's 2 CPUs."""
+    doc = yaml.safe_load((SAMPLES / "kind-trainingjob-cpu.yaml").read_text())
+    doc["metadata"] = {"name": RETRAINED, "namespace": kube.namespace}
+    doc["spec"].update(SMALL_TRAINING)
+    doc["spec"]["head"] = {"cpus": 0.25, "memory": "3Gi"}
+    doc["spec"]["workers"].update(replicas=1, cpusPerWorker=0.25)
+    doc["spec"]["trainer"]["learningRate"] = 0.05  # another model
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
 
 
 def test_modelservice_serves_the_trained_model_through_the_api_servers_service_proxy(
@@ -183,7 +233,8 @@ def test_modelservice_serves_the_trained_model_through_the_api_servers_service_p
     wait_for(lambda: phase(kube, TJ, TRAINING, "Succeeded") == "Succeeded", 300, what="the training")
     t0 = time.monotonic()
     apply(cluster, kube, "kind-modelservice-cpu.yaml", **SMALL_SERVICE)
-    wait_for(lambda: phase(kube, MS, SERVING, "Ready") == "Ready", 300, what="the ModelService Ready")
+    retrain(cluster, kube)  # for the rollout that follows: it trains while the service comes up
+    wait_for(lambda: phase(kube, MS, SERVING, "Ready") == "Ready", 420, what="the ModelService Ready")
     status = kube.status(MS, SERVING)
     model = kube.status(TJ, TRAINING)["checkpoint"]["model"]
     assert status["modelURI"] == model
@@ -224,17 +275,9 @@ def test_a_retrained_model_rolls_out_in_place_while_requests_keep_succeeding(
     wait_for(lambda: phase(kube, MS, SERVING, "Ready") == "Ready", 300, what="the service from the last test")
     old = kube.status(MS, SERVING)["modelURI"]
     cluster_before = kube.status(RS, names.rayservice_name(SERVING))["activeServiceStatus"]["rayClusterName"]
-    doc = yaml.safe_load((SAMPLES / "kind-trainingjob-cpu.yaml").read_text())
-    doc["metadata"] = {"name": "mlp-cpu-v2", "namespace": kube.namespace}
-    doc["spec"].update(SMALL_TRAINING)
-    # beside the running service (its head, KubeRay's autoscaler sidecar of 0.5 CPU, a replica): one
-    # small worker, so that both fit the node's 2 CPUs
-    doc["spec"]["head"] = {"cpus": 0.25, "memory": "3Gi"}
-    doc["spec"]["workers"].update(replicas=1, cpusPerWorker=0.25)
-    doc["spec"]["trainer"]["learningRate"] = 0.05  # another model
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
-    wait_for(lambda: phase(kube, TJ, "mlp-cpu-v2", "Succeeded") == "Succeeded", 300, what="the retraining")
-    new = kube.status(TJ, "mlp-cpu-v2")["checkpoint"]["model"]
+    retrain(cluster, kube)  # applied by the last test already (unchanged: a no-op)
+    wait_for(lambda: phase(kube, TJ, RETRAINED, "Succeeded") == "Succeeded", 300, what="the retraining")
+    new = kube.status(TJ, RETRAINED)["checkpoint"]["model"]
     assert new != old
 
     rows, outputs = predict_in_pod(
@@ -266,7 +309,7 @@ def test_a_retrained_model_rolls_out_in_place_while_requests_keep_succeeding(
     worker = threading.Thread(target=load, daemon=True)
     worker.start()
     try:
-        kube.patch(MS, SERVING, {"spec": {"model": {"fromTrainingJob": {"name": "mlp-cpu-v2"}}}})
+        kube.patch(MS, SERVING, {"spec": {"model": {"fromTrainingJob": {"name": RETRAINED}}}})
         wait_for(
             lambda: kube.status(MS, SERVING).get("modelURI") == new, 240, what="modelURI on the new model"
         )
@@ -315,62 +358,8 @@ def test_a_model_that_cannot_load_fails_with_serves_reason(real_node, operator, 
     wait_for(lambda: kube.get(RS, names.rayservice_name(SERVING)) is None, 120, what="the RayService gone")
 
 
-def test_a_deleted_worker_pod_is_replaced_and_training_resumes_from_the_latest_checkpoint(
-    real_node, operator, kube: Kube
-) -> None:
-    """Scenario 5: a worker pod deleted mid-training (as a lost node would take it): Ray Train
-    loses a rank, KubeRay makes a new worker pod, and the training goes on from the latest checkpoint
-    on the PVC (never from scratch); the status says from which epoch."""
-    name = "resume"
-    doc = yaml.safe_load((SAMPLES / "kind-trainingjob-cpu.yaml").read_text())
-    doc["metadata"] = {"name": name, "namespace": kube.namespace}
-    doc["spec"].update(SMALL_TRAINING)
-    epochs_in_all = 5  # deleted after epoch 2 or 3: the next attempt trains the last 2 or 3
-    doc["spec"]["trainer"]["epochs"] = epochs_in_all
-    doc["spec"]["data"]["samples"] = 16384  # epochs of a few seconds: the deletion lands between two
-    real_node.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
-    run = claim_folder(kube) / f"{kube.namespace}.{name}"
-    epochs: list[int] = []  # every epoch seen in status.progress, in order
-
-    def checkpoints() -> list[int]:
-        return sorted(int(p.name.rsplit("-", 1)[-1]) for p in run.glob("epoch-*")) if run.is_dir() else []
-
-    def watch(done: str) -> bool:
-        epoch = (kube.status(TJ, name).get("progress") or {}).get("epoch")
-        if epoch is not None and (not epochs or epochs[-1] != epoch):
-            epochs.append(epoch)
-        if done == "checkpointed":
-            assert phase(kube, TJ, name) != "Succeeded", f"finished before the deletion: epochs {epochs}"
-            return bool(epoch and epoch >= 2 and checkpoints())
-        return phase(kube, TJ, name, "Succeeded") == "Succeeded"
-
-    wait_for(lambda: watch("checkpointed"), 420, interval=0.2, what="two epochs and a checkpoint on the PVC")
-    seen = len(epochs)
-    deleted_at = epochs[-1]
-    cluster_name = kube.status(RJ, names.rayjob_name(name))["rayClusterName"]
-    victim = kube.pods(f"ray.io/cluster={cluster_name},ray.io/node-type=worker")[0]
-    # At once, as a lost node takes it (a graceful delete waits out the grace period: `ray start`
-    # runs under a shell that ignores SIGTERM, and the last epochs could end before the kill).
-    kube.core.delete_namespaced_pod(victim.metadata.name, kube.namespace, grace_period_seconds=0)
-
-    wait_for(lambda: watch("succeeded"), 420, interval=0.2, what="Succeeded after a worker pod was deleted")
-    after = epochs[seen:]
-    assert after and min(after) >= deleted_at >= 2, f"epochs {epochs}; deleted after epoch {deleted_at}"
-    workers = kube.pods(f"ray.io/cluster={cluster_name},ray.io/node-type=worker")
-    assert victim.metadata.uid not in {p.metadata.uid for p in workers}, "the deleted pod was replaced"
-    rayjob = kube.status(RJ, names.rayjob_name(name))
-    assert rayjob["jobStatus"] == "SUCCEEDED", rayjob
-    status = kube.status(TJ, name)
-    assert status["progress"]["epoch"] == epochs_in_all and status["checkpoint"]["model"], status
-    resumed = status["progress"].get("resumedFromEpoch", 0)
-    assert deleted_at - 1 <= resumed < epochs_in_all, (status["progress"], epochs)
-    print(
-        f"resume: worker deleted after epoch {deleted_at} (checkpoints {checkpoints()}); epochs seen {epochs}"
-    )
-
-
 def test_what_users_hit_first_is_named_in_the_status_with_the_pod(real_node, operator, kube: Kube) -> None:
-    """Scenario 7: an image that does not exist, then a worker pod too small for Ray: each named in the
+    """Scenario 7: an image that does not exist, and a worker pod too small for Ray: each named in the
     TrainingJob's Running condition with the pod and the kubelet's reason (an unschedulable pod is
     the operator tier's, on kwok nodes)."""
 
@@ -388,26 +377,27 @@ def test_what_users_hit_first_is_named_in_the_status_with_the_pod(real_node, ope
         kube.delete(TJ, name)
         wait_for(lambda: kube.get(RJ, names.rayjob_name(name)) is None, 120, what=f"{name}'s RayJob gone")
 
-    job("no-image", image="rayship/rayship-workloads:does-not-exist")
+    # Both at once (they fit the node together): an image that does not exist, and less memory than
+    # `ray start` itself needs (Ray refuses to start, its object store's minimum, or the kernel kills
+    # it; either way the container restarts until the kubelet backs off).
+    job("no-image", image="rayship/rayship-workloads:does-not-exist", head={"cpus": 0.25, "memory": "3Gi"},
+        workers=dict(SMALL_TRAINING["workers"], replicas=1, cpusPerWorker=0.25))  # fmt: skip
+    job("too-small", workers=dict(SMALL_TRAINING["workers"], replicas=1, memoryPerWorker="160Mi"))
     try:
         found = wait_for(
             lambda: reason("no-image", "ErrImagePull", "ImagePullBackOff"), 180, what="ErrImagePull"
         )
         assert "pod no-image-" in found["message"] and "does-not-exist" in found["message"], found
-    finally:
-        gone("no-image")
-
-    # Less memory than `ray start` itself needs: Ray refuses to start (its object store's minimum) or
-    # the kernel kills it; either way the container restarts until the kubelet backs off.
-    job("too-small", workers=dict(SMALL_TRAINING["workers"], memoryPerWorker="160Mi"))
-    try:
         found = wait_for(
             lambda: reason("too-small", "OOMKilled", "CrashLoopBackOff"), 300, what="the worker's crash"
         )
         assert "pod too-small-" in found["message"] and "container ray-worker" in found["message"], found
         print(f"first problems: {found['message']}")
     finally:
-        gone("too-small")
+        try:
+            gone("no-image")
+        finally:
+            gone("too-small")
 
 
 def test_own_code_from_a_zip_served_inside_the_cluster(real_node, operator, kube: Kube) -> None:
