@@ -51,22 +51,17 @@ def api_client(kubeconfig: Path) -> Any:
     return kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
 
 
+def server_side_apply(kubeconfig: Path, source: str, body: str | None = None) -> None:
+    """`kubectl apply --server-side` (field manager rayship-cluster) of a file or folder, or of `body`
+    with source "-"."""
+    kubectl = [str(VENV_BIN / "kubectl"), "--kubeconfig", str(kubeconfig)]
+    apply = ["apply", "--server-side", "--force-conflicts", "--field-manager=rayship-cluster", "-f", source]
+    run_command([*kubectl, *apply], input=body)
+
+
 def kubectl_apply(paths: Paths, objs: list[dict[str, Any]]) -> None:
-    """Server-side apply (field manager rayship-cluster) of a list of objects."""
-    kubectl = [str(VENV_BIN / "kubectl"), "--kubeconfig", str(paths.kubeconfig)]
-    body = json.dumps({"apiVersion": "v1", "kind": "List", "items": objs})
-    run_command(
-        [
-            *kubectl,
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "--field-manager=rayship-cluster",
-            "-f",
-            "-",
-        ],
-        input=body,
-    )
+    """Server-side apply of a list of objects."""
+    server_side_apply(paths.kubeconfig, "-", json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
 
 
 def _node_object(node: NodeSpec) -> dict[str, Any]:
@@ -205,18 +200,8 @@ def service_account_kubeconfig(namespace: str, name: str, paths: Paths | None = 
 def apply_kuberay_crds(kubeconfig: Path) -> None:
     if not (KUBERAY_CRDS / "ray.io_rayclusters.yaml").is_file():
         raise RuntimeError(f"KubeRay CRDs not found in {KUBERAY_CRDS} (set RAYSHIP_KUBERAY_CRDS)")
+    server_side_apply(kubeconfig, str(KUBERAY_CRDS))
     kubectl = [str(VENV_BIN / "kubectl"), "--kubeconfig", str(kubeconfig)]
-    run_command(
-        [
-            *kubectl,
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "--field-manager=rayship-cluster",
-            "-f",
-            str(KUBERAY_CRDS),
-        ]
-    )
     run_command([*kubectl, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(KUBERAY_CRDS)])
 
 

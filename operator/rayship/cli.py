@@ -213,14 +213,24 @@ def _job_refusals() -> tuple[type[Exception], ...]:
     return DataError, RunRefused, TrainingFailed
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _on_local_ray(args: argparse.Namespace, demo: bool) -> int:
+    """`rayship run` (train) or `rayship demo` (train, serve, predict): the file's one TrainingJob on
+    local Ray, what refuses it said in one line."""
     local = _workloads()
     doc = _one_trainingjob(args.file)
+    where = {"runs_dir": _runs_dir(args.runs_dir), "base_dir": _base_dir(args.file)}
     try:
-        local.run(doc, runs_dir=_runs_dir(args.runs_dir), restart=args.restart, base_dir=_base_dir(args.file))
+        if demo:
+            local.demo(doc, port=args.port, **where)
+        else:
+            local.run(doc, restart=args.restart, **where)
     except _job_refusals() as err:
         raise InputError(f"{args.file}: {err}") from None
     return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    return _on_local_ray(args, demo=False)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -271,13 +281,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    local = _workloads()
-    doc = _one_trainingjob(args.file)
-    try:
-        local.demo(doc, runs_dir=_runs_dir(args.runs_dir), port=args.port, base_dir=_base_dir(args.file))
-    except _job_refusals() as err:
-        raise InputError(f"{args.file}: {err}") from None
-    return 0
+    return _on_local_ray(args, demo=True)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -489,6 +489,7 @@ class ModelService(ApiModel):
     status: dict[str, Any] | None = None
 
 
+# The kind's CRD entry (an intended parallel of TRAINING_JOB in api/trainingjob.py: one Kind each).
 MODEL_SERVICE = Kind(
     model=ModelService,
     spec_model=ModelServiceSpec,

@@ -448,6 +448,7 @@ class TrainingJob(ApiModel):
     status: dict[str, Any] | None = None  # written by the operator; not validated on input
 
 
+# The kind's CRD entry (an intended parallel of MODEL_SERVICE in api/modelservice.py: one Kind each).
 TRAINING_JOB = Kind(
     model=TrainingJob,
     spec_model=TrainingJobSpec,
