@@ -27,7 +27,6 @@ MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 60
 # What is still over the limits (issue 32 moves it); a file or function may shrink off the list, never grow.
 OVERSIZED: dict[str, int] = {
-    "operator/rayship/controller/modelservice/rayservice.py:ray_cluster_config": 61,
     "operator/rayship/controller/modelservice/planner.py:plan": 70,
     "operator/rayship/controller/modelservice/phase.py:status": 97,
     "operator/rayship/controller/trainingjob/rayjob.py:build_rayjob": 79,

@@ -4,6 +4,7 @@ new model rolls out in place) and `rayClusterConfig` (a change there means a new
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from typing import Any
@@ -190,10 +191,13 @@ def ray_cluster_config(
 ) -> dict[str, Any]:
     """The serving cluster; `volume` (the models' PVCs) is mounted read-only on every Ray pod."""
     spec, res = ms.spec, ms.spec.resources
-    volumes = model_volumes(volume)
-    image = spec.image or config.default_image
     labels = names.labels("ModelService", ms.metadata.name, "serving")
     ref = pods.object_ref(ms.metadata)
+    # what the head's and the workers' pods share
+    template = functools.partial(
+        pods.pod_template, config, image=spec.image or config.default_image, labels=labels,
+        volumes=model_volumes(volume),
+    )  # fmt: skip
     # The token lives in a Secret the operator makes (not KubeRay's own): the operator derives the same
     # token to read Serve's state from the dashboard, and never needs to read a Secret.
     auth = {"mode": "token", "secretName": names.ray_token_secret(names.rayservice_name(ms.metadata.name))}
@@ -210,16 +214,12 @@ def ray_cluster_config(
         "authOptions": auth,
         "headGroupSpec": {
             "rayStartParams": {"num-cpus": "0"},  # no replicas on the head: it runs the Serve controller
-            "template": pods.pod_template(
-                config,
-                image=image,
+            "template": template(
                 container=names.HEAD_CONTAINER,
                 cpus=spec.head.cpus,
                 memory=spec.head.memory,
                 gpus=0,
-                labels=labels,
                 env=env(0),
-                volumes=volumes,
             ),
         },
         "workerGroupSpecs": [
@@ -230,19 +230,15 @@ def ray_cluster_config(
                 "minReplicas": spec.replicas.min,
                 "maxReplicas": spec.replicas.max,
                 "rayStartParams": {},
-                "template": pods.pod_template(
-                    config,
-                    image=image,
+                "template": template(
                     container=names.WORKER_CONTAINER,
                     cpus=res.cpus,
                     memory=res.memory,
                     gpus=res.gpus,
-                    labels=labels,
                     env=env(res.gpus),
-                    volumes=volumes,
                     node_selector=selector,
                     tolerations=tolerations,
-                ),
+                ),  # fmt: skip
             }
         ],
     }
