@@ -24,15 +24,20 @@ STUCK_REASONS = frozenset({"Unschedulable", "OOMKilled"}) | STUCK_WAITING_REASON
 JOB_MODULE = "rayship_workloads.job"  # the workload driver: `python -m rayship_workloads.job --spec`
 
 
-def resolved_spec(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
-    """The spec as the workload sees it: defaults applied, image and rayVersion resolved."""
-    spec = tj.spec.wire()
+def resolved_spec(
+    tj: api.TrainingJob, config: OperatorConfig, wired: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The spec as the workload sees it: defaults applied, image and rayVersion resolved (from
+    `wired`, the spec's wire form, when the caller has it already: a copy is resolved)."""
+    spec = dict(wired) if wired is not None else tj.spec.wire()
     spec.setdefault("image", config.default_image)
     spec.setdefault("rayVersion", config.default_ray_version)
     return spec
 
 
-def workload_document(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
+def workload_document(
+    tj: api.TrainingJob, config: OperatorConfig, resolved: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The TrainingJob handed to `python -m rayship_workloads.job --spec` (same YAML, resolved),
     without `env`: the pods already have it, and the entrypoint is shown in Ray's job list and
     dashboard, so no env value (a token pasted as a plain value) travels in it."""
@@ -42,7 +47,7 @@ def workload_document(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, 
     uid = (tj.metadata.model_extra or {}).get("uid")
     if uid:
         meta["uid"] = str(uid)  # the job's identity where it is tracked (spec.tracking)
-    spec = resolved_spec(tj, config)
+    spec = dict(resolved) if resolved is not None else resolved_spec(tj, config)
     spec.pop("env", None)
     return {"apiVersion": api.API_VERSION, "kind": "TrainingJob", "metadata": meta, "spec": spec}
 
@@ -72,8 +77,11 @@ def secret_looking_env(tj: api.TrainingJob) -> list[str]:
     ]
 
 
-def train_entrypoint(tj: api.TrainingJob, config: OperatorConfig) -> str:
-    return f"python -m {JOB_MODULE} --spec {shlex.quote(canonical_json(workload_document(tj, config)))}"
+def train_entrypoint(
+    tj: api.TrainingJob, config: OperatorConfig, resolved: dict[str, Any] | None = None
+) -> str:
+    document = workload_document(tj, config, resolved)
+    return f"python -m {JOB_MODULE} --spec {shlex.quote(canonical_json(document))}"
 
 
 def _checkpoint_volumes(tj: api.TrainingJob) -> pods.Volumes:
@@ -82,71 +90,63 @@ def _checkpoint_volumes(tj: api.TrainingJob) -> pods.Volumes:
     return pods.pvc_volume(names.CHECKPOINT_VOLUME, pvc) if pvc is not None else ([], [])
 
 
-def _tj_pod(
-    tj: api.TrainingJob,
-    config: OperatorConfig,
-    *,
-    container: str,
-    cpus: float,
-    memory: str,
-    gpus: int,
-    labels: dict[str, str],
-    node_selector: dict[str, str],
-    tolerations: list[dict[str, Any]],
-) -> dict[str, Any]:
-    return pods.pod_template(
-        config,
-        image=resolved_spec(tj, config)["image"],
-        container=container,
-        cpus=cpus,
-        memory=memory,
-        gpus=gpus,
-        labels=labels,
-        env=pods.container_env(pods.object_ref(tj.metadata), gpus, tj.spec.env, names.ENV_TRAININGJOB),
-        volumes=_checkpoint_volumes(tj),
-        node_selector=node_selector,
-        tolerations=tolerations,
-        priority_class=tj.spec.scheduling.priority_class_name,
-        service_account=names.workload_account(tj.metadata.name),  # reports progress
+def _pod_templates(
+    tj: api.TrainingJob, config: OperatorConfig, image: str, labels: dict[str, str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The head's pod template (CPU only) and the workers' (their GPUs placed)."""
+    spec, workers = tj.spec, tj.spec.workers
+
+    def template(container: str, cpus: float, memory: str, gpus: int, **placement: Any) -> dict[str, Any]:
+        return pods.pod_template(
+            config,
+            image=image,
+            container=container,
+            cpus=cpus,
+            memory=memory,
+            gpus=gpus,
+            labels=labels,
+            env=pods.container_env(pods.object_ref(tj.metadata), gpus, spec.env, names.ENV_TRAININGJOB),
+            volumes=_checkpoint_volumes(tj),
+            priority_class=spec.scheduling.priority_class_name,
+            service_account=names.workload_account(tj.metadata.name),  # reports progress
+            **placement,
+        )
+
+    selector, tolerations = pods.gpu_placement(
+        config, workers.gpus_per_worker, workers.gpu_product, workers.node_selector, workers.tolerations
     )
+    head = template(
+        names.HEAD_CONTAINER, spec.head.cpus, spec.head.memory, 0, node_selector={}, tolerations=[]
+    )
+    worker = template(
+        names.WORKER_CONTAINER, workers.cpus_per_worker, workers.memory_per_worker, workers.gpus_per_worker,
+        node_selector=selector, tolerations=tolerations,
+    )  # fmt: skip
+    return head, worker
+
+
+def _rayjob_metadata(tj: api.TrainingJob, labels: dict[str, str], wired: dict[str, Any]) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": names.rayjob_name(tj.metadata.name)}
+    if tj.metadata.namespace:
+        metadata["namespace"] = tj.metadata.namespace
+    metadata["labels"] = dict(labels)
+    if tj.spec.scheduling.queue:
+        metadata["labels"][names.LABEL_KUEUE_QUEUE] = tj.spec.scheduling.queue
+    metadata["annotations"] = {names.ANNOTATION_SPEC: applied_record(wired)}
+    return metadata
 
 
 def build_rayjob(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
     """The RayJob for a TrainingJob: a fixed-size GPU worker group, a CPU-only head, and a cluster
     that is always torn down after the job (no zombie GPU clusters)."""
     spec = tj.spec
-    name = names.rayjob_name(tj.metadata.name)
     labels = names.labels("TrainingJob", tj.metadata.name, "training")
-    resolved = resolved_spec(tj, config)
-    head_template = _tj_pod(
-        tj,
-        config,
-        container=names.HEAD_CONTAINER,
-        cpus=spec.head.cpus,
-        memory=spec.head.memory,
-        gpus=0,
-        labels=labels,
-        node_selector={},
-        tolerations=[],
-    )
-    workers = spec.workers
-    selector, tolerations = pods.gpu_placement(
-        config, workers.gpus_per_worker, workers.gpu_product, workers.node_selector, workers.tolerations
-    )
-    worker_template = _tj_pod(
-        tj,
-        config,
-        container=names.WORKER_CONTAINER,
-        cpus=spec.workers.cpus_per_worker,
-        memory=spec.workers.memory_per_worker,
-        gpus=spec.workers.gpus_per_worker,
-        labels=labels,
-        node_selector=selector,
-        tolerations=tolerations,
-    )
+    wired = spec.wire()  # once per render: the resolved spec, the entrypoint and the annotation read it
+    resolved = resolved_spec(tj, config, wired)
+    head_template, worker_template = _pod_templates(tj, config, resolved["image"], labels)
     replicas = spec.workers.replicas
     rayjob_spec: dict[str, Any] = {
-        "entrypoint": train_entrypoint(tj, config),
+        "entrypoint": train_entrypoint(tj, config, resolved),
         # HTTPMode: KubeRay itself submits the job to the Ray dashboard (through the API server's
         # service proxy with --use-kubernetes-proxy) once the cluster is ready: no submitter pod to
         # schedule, to leak or to account for in a queue (K8sJobMode's `ray job submit` pod).
@@ -182,13 +182,7 @@ def build_rayjob(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
         rayjob_spec["runtimeEnvYAML"] = yaml.safe_dump(runtime_env, sort_keys=True)
     if spec.failure_policy.active_deadline_seconds is not None:
         rayjob_spec["activeDeadlineSeconds"] = spec.failure_policy.active_deadline_seconds
-    metadata: dict[str, Any] = {"name": name}
-    if tj.metadata.namespace:
-        metadata["namespace"] = tj.metadata.namespace
-    metadata["labels"] = dict(labels)
-    if spec.scheduling.queue:
-        metadata["labels"][names.LABEL_KUEUE_QUEUE] = spec.scheduling.queue
-    metadata["annotations"] = {names.ANNOTATION_SPEC: applied_record(tj.spec.wire())}
+    metadata = _rayjob_metadata(tj, labels, wired)
     return {"apiVersion": pods.RAY_API_VERSION, "kind": "RayJob", "metadata": metadata, "spec": rayjob_spec}
 
 
