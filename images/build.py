@@ -753,7 +753,10 @@ def build_image(docker: Docker, image: Image, wheelhouse_url: str, log: LOG) -> 
 
 def _prune(docker: Docker) -> None:
     """Drop what earlier sources left (stand-ins of other pins, untagged images, old build cache) but
-    keep the current layers: the next source change rebuilds only the last one."""
+    keep the current layers: the next source change rebuilds only the last one. Run before a build
+    too: a build cut short (a full disk) leaves the old versions for the next one to clear. The build
+    cache keeps 12 GB: the current stand-ins' and dependency layers (the workload image's are ~6 GB),
+    not the versions before them."""
     current = {debian_image(), python_standin().ref(), ray_standin().ref()}
     listed = docker.docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}}", "rayship-standin/*")
     stale = sorted(set(listed.stdout.split()) - current)
@@ -761,7 +764,7 @@ def _prune(docker: Docker) -> None:
         docker.docker_logged(["rmi", *stale], docker.logs / "prune.log", "docker rmi of old stand-ins")
     docker.docker_logged(["image", "prune", "--force"], docker.logs / "prune.log", "docker image prune")
     docker.docker_logged(
-        ["builder", "prune", "--force", "--keep-storage", "30gb"],
+        ["builder", "prune", "--force", "--keep-storage", "12gb"],
         docker.logs / "prune.log",
         "docker builder prune",
     )
@@ -804,6 +807,7 @@ def _build(todo: list[Image], log: LOG) -> None:
     folder = ensure_wheelhouse(log)
     ensure_debian_rootfs(log)
     with docker_daemon(log) as docker, serve_wheelhouse(folder, log) as url:
+        _prune(docker)
         ensure_standins(docker, todo, url, log)
         for image in todo:
             log(f"images: built {_describe(image, build_image(docker, image, url, log))}")
