@@ -117,37 +117,18 @@ def status(
     if plan_.rejected is not None and plan_.rejected[0] == "Invalid":
         invalid = f"{plan_.rejected[1]}: {plan_.rejected[2]}"
     if invalid is not None and rayservice is None:
-        return {
-            "phase": "Invalid",
-            "observedGeneration": generation,
-            "conditions": [cond("Valid", False, "InvalidSpec", invalid)],
-        }
+        valid = cond("Valid", False, "InvalidSpec", invalid)
+        return {"phase": "Invalid", "observedGeneration": generation, "conditions": [valid]}
     if ctx.blocked is not None:
         rayservice = None  # not ours: its state says nothing about this ModelService
-    conditions = [
-        cond(
-            "Valid",
-            ctx.invalid is None,
-            "InvalidSpec" if ctx.invalid else "SpecValid",
-            ctx.invalid or "the spec is valid",
-        )
-    ]
-    res = ctx.resolution
-    if res is not None:
+    conditions = [cond("Valid", ctx.invalid is None, *_validity(ctx.invalid))]
+    if (res := ctx.resolution) is not None:
         conditions.append(cond("ModelAvailable", res.models is not None, res.reason, res.message))
     out: dict[str, Any] = {"observedGeneration": generation, "rayServiceName": plan_.child_name}
-    if not ctx.multi:
-        single = res.each.get(ONE) if res else None
-        volume = single.volume.wire() if single and single.volume else current.get("modelVolume")
-        if volume:
-            out["modelVolume"] = volume
+    if not ctx.multi and (volume := _model_volume(ctx, current)):
+        out["modelVolume"] = volume
     if rayservice is None:
-        phase = "WaitingForModel" if ctx.desired is None else "Deploying"
-        reason, message = (res.reason, res.message) if res else ("Waiting", "")
-        if plan_.rejected is not None:
-            phase, reason, message = plan_.rejected
-        elif ctx.blocked is not None:
-            reason, message = "RayServiceNameTaken", ctx.blocked
+        phase, reason, message = _before_the_cluster(plan_, ctx)
         conditions.append(cond("Ready", False, reason, message))
         out.update(phase=phase, conditions=conditions, serveEndpoints=0)
         out.update(_models_status(ctx, current, ctx.served, None) if ctx.multi else NO_MODELS_STATUS)
@@ -157,30 +138,11 @@ def status(
     if phase == "Deploying" and stuck is not None:
         reason, message = stuck[0], f"{message}: {stuck[1]}"
     st = rayservice.get("status") or {}
-    up_to_date = st.get("observedGeneration") == rayservice.get("metadata", {}).get("generation")
-    served = dict(ctx.served)
-    serve = ctx.serve
-    if serve is not None:  # a rollout in flight: only Serve's own word moves what status says it serves
-        deployed = serve.deployed
-        same_kind = deployed is not None and (ONE in deployed) != ctx.multi  # modelUri vs models
-        if serve.problem is None and serve.status == "RUNNING" and deployed is not None and same_kind:
-            served = deployed
-    elif not served and phase == "Ready" and up_to_date:
-        # the first config: KubeRay makes a cluster active once Serve runs it
-        served = _annotated(rayservice, ctx.multi)
+    served = _served(ctx, rayservice, phase)
     target = ctx.desired if ctx.desired is not None and ctx.desired != served else None
     upgrading = find(st, "UpgradeInProgress").get("status") == "True" or target is not None
     conditions.append(cond("Ready", phase == "Ready", reason, message))
-    conditions.append(
-        cond(
-            "Upgrading",
-            upgrading,
-            "ModelRollout" if target else ("UpgradeInProgress" if upgrading else "UpToDate"),
-            _rollout_message(target, served, serve, ctx.multi)
-            if target
-            else ("a new Ray cluster is being rolled out" if upgrading else "no rollout in progress"),
-        )
-    )
+    conditions.append(cond("Upgrading", upgrading, *_upgrade(target, served, ctx, upgrading)))
     out.update(
         phase=phase,
         conditions=conditions,
@@ -196,6 +158,59 @@ def status(
 
 
 NO_MODELS_STATUS: Mapping[str, None] = {"models": None, "modelCount": None}  # spec.model: none of spec.models
+
+
+def _validity(invalid: str | None) -> tuple[str, str]:
+    """The Valid condition's (reason, message)."""
+    return ("InvalidSpec", invalid) if invalid else ("SpecValid", "the spec is valid")
+
+
+def _model_volume(ctx: ServiceContext, current: Mapping[str, Any]) -> Any:
+    """spec.model's volume: as resolved now, else as the status last said."""
+    res = ctx.resolution
+    single = res.each.get(ONE) if res else None
+    return single.volume.wire() if single and single.volume else current.get("modelVolume")
+
+
+def _before_the_cluster(plan_: Plan, ctx: ServiceContext) -> tuple[str, str, str]:
+    """(phase, reason, message) while there is no RayService of ours to read."""
+    res = ctx.resolution
+    phase = "WaitingForModel" if ctx.desired is None else "Deploying"
+    reason, message = (res.reason, res.message) if res else ("Waiting", "")
+    if plan_.rejected is not None:
+        return plan_.rejected
+    if ctx.blocked is not None:
+        return phase, "RayServiceNameTaken", ctx.blocked
+    return phase, reason, message
+
+
+def _served(ctx: ServiceContext, rayservice: Mapping[str, Any], phase: str) -> dict[str, str]:
+    """What Serve is confirmed to serve: as the status last said, moved only by Serve's own word
+    while a rollout is in flight, or, for the first config, what the active cluster was made with."""
+    st = rayservice.get("status") or {}
+    up_to_date = st.get("observedGeneration") == rayservice.get("metadata", {}).get("generation")
+    served = dict(ctx.served)
+    serve = ctx.serve
+    if serve is not None:  # a rollout in flight: only Serve's own word moves what status says it serves
+        deployed = serve.deployed
+        same_kind = deployed is not None and (ONE in deployed) != ctx.multi  # modelUri vs models
+        if serve.problem is None and serve.status == "RUNNING" and deployed is not None and same_kind:
+            served = deployed
+    elif not served and phase == "Ready" and up_to_date:
+        # the first config: KubeRay makes a cluster active once Serve runs it
+        served = _annotated(rayservice, ctx.multi)
+    return served
+
+
+def _upgrade(
+    target: dict[str, str] | None, served: dict[str, str], ctx: ServiceContext, upgrading: bool
+) -> tuple[str, str]:
+    """The Upgrading condition's (reason, message)."""
+    if target:
+        return "ModelRollout", _rollout_message(target, served, ctx.serve, ctx.multi)
+    if upgrading:
+        return "UpgradeInProgress", "a new Ray cluster is being rolled out"
+    return "UpToDate", "no rollout in progress"
 
 
 def _annotated(rayservice: Mapping[str, Any], multi: bool) -> dict[str, str]:
