@@ -82,6 +82,20 @@ def plan(
             on_create=created,
             context=context,
         )
+    return _update(ms, rayservice, desired, model, context, config)
+
+
+def _update(
+    ms: api.ModelService,
+    rayservice: Mapping[str, Any],
+    desired: dict[str, Any],
+    model: Model,
+    context: ServiceContext,
+    config: OperatorConfig,
+) -> Plan:
+    """The plan for a RayService of ours: the model's serveConfigV2 patched in place (a Serve
+    rollout), or, when the cluster config changed, the whole spec (a new cluster, per upgradeStrategy)."""
+    name, multi = context.rayservice, context.multi
     applied = rayservice.get("metadata", {}).get("annotations") or {}
     wanted_hash = desired["metadata"]["annotations"][names.ANNOTATION_CLUSTER_HASH]
     spec: dict[str, Any] = {}

@@ -92,6 +92,12 @@ def plan(
             context=observed,
         )
 
+    return _edits(tj, rayjob, rayjob_name, observed)
+
+
+def _edits(tj: api.TrainingJob, rayjob: Mapping[str, Any], rayjob_name: str, observed: Observation) -> Plan:
+    """The plan for a launched job: the spec edits a running RayJob takes (`suspend`) patched, the
+    others reported as not applied."""
     launched = applied_spec(rayjob)
     wanted = json.loads(applied_record(tj.spec.wire()))  # compared as recorded: env values digested
     if launched is None:  # not rendered by rayship: report, never overwrite
