@@ -170,27 +170,10 @@ def loop(config: dict[str, Any]) -> None:
     start = recipes.resume(saver, run)
 
     # [4] train with the Trainer; report and checkpoint every epoch through the callback
-    args = TrainingArguments(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=batch_size,
-        per_device_eval_batch_size=batch_size,
-        learning_rate=trainer_spec.learning_rate,
-        lr_scheduler_type="constant",
-        weight_decay=0.0,
-        max_steps=max(batches_per_epoch, 1) * trainer_spec.epochs,
-        ignore_data_skip=True,  # epochs are counted by the callback, not by skipping batches
-        logging_strategy="epoch",
-        eval_strategy="epoch" if eval_batches is not None else "no",
-        save_strategy="epoch",
-        save_total_limit=1,
-        report_to="none",
-        disable_tqdm=True,
-        use_cpu=not use_gpu,
-        bf16=precision == "bf16",
-        fp16=precision == "fp16",
-        deepspeed=deepspeed,
-        seed=data.seed(config),
-    )
+    args = _training_arguments(
+        TrainingArguments, trainer_spec, output_dir, batches_per_epoch, eval_batches is not None,
+        deepspeed, precision, data.seed(config),
+    )  # fmt: skip
     trainer = Trainer(model=model, args=args, train_dataset=train_batches, eval_dataset=eval_batches)
     callback = RayshipReportCallback(spec, run, start, saver)
     trainer.add_callback(callback)
@@ -199,6 +182,43 @@ def loop(config: dict[str, Any]) -> None:
     if start.epoch < trainer_spec.epochs and not stopped:
         trainer.train(resume_from_checkpoint=str(saver.resume_from) if saver.resume_from else None)
     shutil.rmtree(output_dir, ignore_errors=True)
+
+
+def _training_arguments(
+    arguments: Any,
+    trainer_spec: api.TrainerSpec,
+    output_dir: Path,
+    batches_per_epoch: int,
+    evaluates: bool,
+    deepspeed: dict[str, Any] | None,
+    precision: str,
+    seed: int,
+) -> Any:
+    """The Trainer's arguments: a constant learning rate, the job's epochs as steps, an evaluation,
+    a log line and a checkpoint every epoch (the callback reports them); `arguments` is
+    transformers' TrainingArguments (imported where the loop runs)."""
+    use_gpu = torch.cuda.is_available()
+    return arguments(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=trainer_spec.batch_size_per_worker,
+        per_device_eval_batch_size=trainer_spec.batch_size_per_worker,
+        learning_rate=trainer_spec.learning_rate,
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_steps=max(batches_per_epoch, 1) * trainer_spec.epochs,
+        ignore_data_skip=True,  # epochs are counted by the callback, not by skipping batches
+        logging_strategy="epoch",
+        eval_strategy="epoch" if evaluates else "no",
+        save_strategy="epoch",
+        save_total_limit=1,
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=not use_gpu,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        deepspeed=deepspeed,
+        seed=seed,
+    )
 
 
 def state_dict(directory: Path, strategy: str) -> dict[str, torch.Tensor]:

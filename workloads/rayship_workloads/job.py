@@ -127,61 +127,74 @@ def run(
     """Train `tj` (or tune it, with `spec.tuning`) with checkpoints and models under `storage_root`;
     report progress and the result through `reporter`. `runtime_env`: Ray's runtime env for the
     training workers (local mode; in a cluster `spec.runtimeEnv` is the whole job's, from the RayJob)."""
-    tuning = tj.spec.tuning
-    if tuning is None:
-        tracked = tracking.job_run(tj, storage_root, train.run_name(tj))
-        callbacks = [reporter.progress(epochs=tj.spec.trainer.epochs, storage_root=storage_root)]
-        try:
-            outcome = train.train(
-                tj,
-                storage_root=storage_root,
-                callbacks=callbacks + ([tracking.MlflowCallback(tracked)] if tracked else []),
-                quiet=reporter.quiet,
-                runtime_env=runtime_env,
-            )
-        except BaseException:
-            if tracked is not None:
-                tracked.finish(tags={}, failed=True)
-            raise
+    if tj.spec.tuning is None:
+        result = _train(tj, storage_root, reporter, runtime_env)
+    else:
+        result = _tune(tj, storage_root, reporter, runtime_env)
+    reporter.finished(tj, result)
+    return result
+
+
+def _train(
+    tj: api.TrainingJob, storage_root: str, reporter: Reporter, runtime_env: dict[str, Any] | None
+) -> JobResult:
+    """One Train run (tracked in MLflow with spec.tracking)."""
+    tracked = tracking.job_run(tj, storage_root, train.run_name(tj))
+    callbacks = [reporter.progress(epochs=tj.spec.trainer.epochs, storage_root=storage_root)]
+    try:
+        outcome = train.train(
+            tj,
+            storage_root=storage_root,
+            callbacks=callbacks + ([tracking.MlflowCallback(tracked)] if tracked else []),
+            quiet=reporter.quiet,
+            runtime_env=runtime_env,
+        )
+    except BaseException:
         if tracked is not None:
-            uris = {
-                "checkpoint": outcome.latest,
-                "model": outcome.model_uri,
-                "bestModel": outcome.best_model_uri,
-            }
-            tracked.finish(tags={f"rayship.{k}": v for k, v in uris.items() if v}, failed=False)
-        checkpoint = {
-            "latest": outcome.latest,
-            "best": outcome.best,
+            tracked.finish(tags={}, failed=True)
+        raise
+    if tracked is not None:
+        uris = {
+            "checkpoint": outcome.latest,
             "model": outcome.model_uri,
             "bestModel": outcome.best_model_uri,
         }
-        result = JobResult(api.CheckpointStatus.model_validate(checkpoint), metrics=outcome.metrics)
-    else:
-        prefix = reporter.prefix  # the trials' lines: Tune pickles the callback, not the reporter
-        found = tune.search(
-            tj,
-            storage_root=storage_root,
-            runtime_env=runtime_env,
-            say=lambda line: print(f"{prefix}{line}", flush=True),
-        )
-        checkpoint = {"best": found.best_checkpoint, "model": found.model_uri, "bestModel": found.model_uri}
-        result = JobResult(
-            api.CheckpointStatus.model_validate(checkpoint),
-            metrics=found.metrics,
-            tuning=api.TuningStatus.model_validate(
-                {
-                    "trials": len(found.trials),
-                    "bestTrial": found.best_trial,
-                    "bestMetric": found.best_metric,
-                    "bestConfig": found.best_config,
-                }
-            ),
-            trials=found.trials,
-            tune_results=found.results,
-        )
-    reporter.finished(tj, result)
-    return result
+        tracked.finish(tags={f"rayship.{k}": v for k, v in uris.items() if v}, failed=False)
+    checkpoint = {
+        "latest": outcome.latest,
+        "best": outcome.best,
+        "model": outcome.model_uri,
+        "bestModel": outcome.best_model_uri,
+    }
+    return JobResult(api.CheckpointStatus.model_validate(checkpoint), metrics=outcome.metrics)
+
+
+def _tune(
+    tj: api.TrainingJob, storage_root: str, reporter: Reporter, runtime_env: dict[str, Any] | None
+) -> JobResult:
+    """A Tune search (spec.tuning); the best trial's model is the job's."""
+    prefix = reporter.prefix  # the trials' lines: Tune pickles the callback, not the reporter
+    found = tune.search(
+        tj,
+        storage_root=storage_root,
+        runtime_env=runtime_env,
+        say=lambda line: print(f"{prefix}{line}", flush=True),
+    )
+    checkpoint = {"best": found.best_checkpoint, "model": found.model_uri, "bestModel": found.model_uri}
+    return JobResult(
+        api.CheckpointStatus.model_validate(checkpoint),
+        metrics=found.metrics,
+        tuning=api.TuningStatus.model_validate(
+            {
+                "trials": len(found.trials),
+                "bestTrial": found.best_trial,
+                "bestMetric": found.best_metric,
+                "bestConfig": found.best_config,
+            }
+        ),
+        trials=found.trials,
+        tune_results=found.results,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

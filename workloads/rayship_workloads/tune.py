@@ -277,8 +277,23 @@ def search(
     if tuning is None:
         raise ValueError("spec.tuning: not set; nothing to search")
     base_name = train.run_name(tj)
+    trial = _trial_function(tj, base_name, storage_root, runtime_env)
+    results = _tuner(tj, tuning, trial, base_name, storage_root, say).fit()
+    trials = _trials(results, tuning)
+    failed = [t.error for t in trials if t.error]
+    if len(failed) == len(trials):
+        raise RuntimeError(f"every tuning trial failed; the first: {failed[0]}")
+    return _best(tj, tuning, results, tuple(trials), base_name, storage_root)
+
+
+def _trial_function(
+    tj: api.TrainingJob, base_name: str, storage_root: str, runtime_env: dict[str, Any] | None
+) -> Callable[[dict[str, Any]], None]:
+    """What Tune runs for a trial: a Train run of `tj` with the trial's parameters (under PBT, one
+    segment of it, handed the checkpoint Tune restored)."""
+    assert tj.spec.tuning is not None
     results_dir = storage.join(storage_root, f"{base_name}-tune")
-    pbt = tuning.scheduler == "pbt"
+    pbt = tj.spec.tuning.scheduler == "pbt"
     progress_bars = ray.data.DataContext.get_current().enable_progress_bars  # the driver's choice
 
     def trial(params: dict[str, Any]) -> None:
@@ -314,9 +329,20 @@ def search(
         )
         _fit_reporting_checkpoints(trainer, queue, storage_root)
 
+    return trial
+
+
+def _tuner(
+    tj: api.TrainingJob,
+    tuning: api.TuningSpec,
+    trial: Callable[[dict[str, Any]], None],
+    base_name: str,
+    storage_root: str,
+    say: Callable[[str], None] | None,
+) -> tune.Tuner:
     mlflow = tracking.tune_callback(tj, storage_root, base_name)
     tracked = [mlflow] if mlflow is not None else []  # one MLflow run per trial (spec.tracking)
-    tuner = tune.Tuner(
+    return tune.Tuner(
         tune.with_resources(trial, {"CPU": 0.01}),  # the trial driver only waits; its workers hold CPUs/GPUs
         param_space=search_space(tuning),
         tune_config=tune.TuneConfig(
@@ -341,7 +367,9 @@ def search(
             ],
         ),
     )
-    results = tuner.fit()
+
+
+def _trials(results: Any, tuning: api.TuningSpec) -> list[Trial]:
     trials = []
     for i in range(len(results)):
         result = results[i]
@@ -356,9 +384,18 @@ def search(
                 error=str(result.error) if result.error else None,
             )
         )
-    failed = [t.error for t in trials if t.error]
-    if len(failed) == len(trials):
-        raise RuntimeError(f"every tuning trial failed; the first: {failed[0]}")
+    return trials
+
+
+def _best(
+    tj: api.TrainingJob,
+    tuning: api.TuningSpec,
+    results: Any,
+    trials: tuple[Trial, ...],
+    base_name: str,
+    storage_root: str,
+) -> TuneOutcome:
+    """The outcome: the best trial's model exported (from its last checkpoint, in its Train run)."""
     best = results.get_best_result()
     if best.metrics is None or best.config is None:
         raise RuntimeError("the best tuning trial reported nothing")
@@ -376,12 +413,12 @@ def search(
             )
     prepared = train.prepare(best_tj, storage_root=storage_root, name=best_name)
     return TuneOutcome(
-        trials=tuple(trials),
+        trials=trials,
         best_trial=best_trial,
         best_metric=float(best.metrics[tuning.metric]),
         best_config=dict(best.config),
         best_checkpoint=progress.checkpoint_uri(checkpoint, storage_root) if checkpoint else None,
         model_uri=train.export(checkpoint, best_tj, prepared),
         metrics={k: v for k, v in best.metrics.items() if k not in _TUNE_KEYS},
-        results=results_dir,
+        results=storage.join(storage_root, f"{base_name}-tune"),
     )
