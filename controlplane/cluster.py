@@ -216,22 +216,7 @@ def up(operator: bool | None = True, paths: Paths | None = None, node: bool | No
                 _down(paths)
             state = _start(paths)
             started = True
-        if node is True and not node_running(state):
-            stop_node(paths, state)  # what a half-started node left
-            try:
-                start_node(paths, state, build.binaries())
-            except BaseException:
-                log("the real node did not start: stopping what of it was started")
-                stop_node(paths, state)
-                save_state(state, paths)
-                raise
-            save_state(state, paths)
-        elif node is True:  # running: the images as they are now (rebuilt and imported if a source changed)
-            npaths = node_paths(paths)
-            import_images(npaths, node_archives(npaths))
-        elif node is False and any(name in state.procs for name in NODE_PROCS):
-            log(f"stopping the real node: {', '.join(stop_node(paths, state))}")
-            save_state(state, paths)
+        _node_as_asked(node, paths, state)
         t1 = time.monotonic()
         try:
             helm_install_rayship(paths, state)
@@ -258,6 +243,26 @@ def up(operator: bool | None = True, paths: Paths | None = None, node: bool | No
     if operator is True and cluster.chart_error:
         raise ChartError(f"the cluster is up, but the rayship chart did not install: {cluster.chart_error}")
     return cluster
+
+
+def _node_as_asked(node: bool | None, paths: Paths, state: State) -> None:
+    """`up`'s node=: True starts real-0 (or, running, imports the images that changed), False stops it."""
+    if node is True and not node_running(state):
+        stop_node(paths, state)  # what a half-started node left
+        try:
+            start_node(paths, state, build.binaries())
+        except BaseException:
+            log("the real node did not start: stopping what of it was started")
+            stop_node(paths, state)
+            save_state(state, paths)
+            raise
+        save_state(state, paths)
+    elif node is True:  # running: the images as they are now (rebuilt and imported if a source changed)
+        npaths = node_paths(paths)
+        import_images(npaths, node_archives(npaths))
+    elif node is False and any(name in state.procs for name in NODE_PROCS):
+        log(f"stopping the real node: {', '.join(stop_node(paths, state))}")
+        save_state(state, paths)
 
 
 def _ensure_addons(paths: Paths, state: State) -> None:
@@ -376,23 +381,7 @@ def _start(paths: Paths) -> State:
         crds.join()
         lap("KubeRay CRDs established")
         kuberay = spawn(start_kuberay(paths, state, bins, client, server))
-        for name, proc, port in (
-            ("kube-controller-manager", kcm, "kube-controller-manager"),
-            ("kube-scheduler", sched, "kube-scheduler"),
-        ):
-            wait_until(
-                f"{name} /healthz",
-                lambda p=port: http_ok(f"https://127.0.0.1:{state.ports[p]}/healthz", insecure_tls=True),
-                60,
-                proc,
-            )
-        wait_until("nodes Ready", lambda: _nodes_ready(client), 60, kwok)
-        wait_until(
-            "KubeRay operator /readyz",
-            lambda: http_ok(f"http://127.0.0.1:{state.ports['kuberay-probe']}/readyz"),
-            60,
-            kuberay,
-        )
+        _wait_ready(state, client, {"kube-controller-manager": kcm, "kube-scheduler": sched}, kwok, kuberay)
         lap("controllers + nodes Ready")
     except BaseException:
         log("start failed: stopping what was started")
@@ -400,6 +389,24 @@ def _start(paths: Paths) -> State:
         raise
     log("timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
     return state
+
+
+def _wait_ready(state: State, client: Any, controllers: dict[str, Proc], kwok: Proc, kuberay: Proc) -> None:
+    """The controllers healthy (their ports are named as they are), the nodes Ready, KubeRay ready."""
+    for name, proc in controllers.items():
+        wait_until(
+            f"{name} /healthz",
+            lambda p=name: http_ok(f"https://127.0.0.1:{state.ports[p]}/healthz", insecure_tls=True),
+            60,
+            proc,
+        )
+    wait_until("nodes Ready", lambda: _nodes_ready(client), 60, kwok)
+    wait_until(
+        "KubeRay operator /readyz",
+        lambda: http_ok(f"http://127.0.0.1:{state.ports['kuberay-probe']}/readyz"),
+        60,
+        kuberay,
+    )
 
 
 def _nodes_ready(client: Any) -> bool:

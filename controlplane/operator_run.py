@@ -75,20 +75,9 @@ def start_operator(
         container = next(c for c in pod.containers if c.name == "operator")
         token = service_account_token(client, dep.metadata.namespace, pod.service_account_name or "default")
         kc = token_kubeconfig(paths, "rayship-operator", server, token)
-        live_port = free_port()
-        liveness = f"http://127.0.0.1:{live_port}/healthz"
-        args = list(container.args or [])
-        if "--liveness" in args:
-            args[args.index("--liveness") + 1] = liveness
-        else:
-            args += ["--liveness", liveness]
-        args += extra_args or []
-        env = {e.name: e.value for e in (container.env or []) if e.value is not None}
-        metrics_port = 0
-        if env.get("RAYSHIP_METRICS_PORT", "0") != "0":
-            metrics_port = free_port()
-            env["RAYSHIP_METRICS_PORT"] = str(metrics_port)
-        env.update(extra_env or {})
+        liveness = f"http://127.0.0.1:{free_port()}/healthz"
+        args = _operator_args(container, liveness, extra_args or [])
+        env, metrics_port = _operator_env(container, extra_env or {})
         rayship = VENV_BIN / "rayship"
         argv = (
             [str(rayship), "operator", *args]
@@ -108,6 +97,27 @@ def start_operator(
     wait_until("rayship operator liveness", lambda: http_ok(liveness), ready_timeout, proc)
     log(f"rayship operator pid {proc.pid} ({' '.join(args)}), log {proc.log}")
     return handle
+
+
+def _operator_args(container: Any, liveness: str, extra_args: list[str]) -> list[str]:
+    """The Deployment container's args, its liveness endpoint moved to `liveness`."""
+    args = list(container.args or [])
+    if "--liveness" in args:
+        args[args.index("--liveness") + 1] = liveness
+    else:
+        args += ["--liveness", liveness]
+    return args + extra_args
+
+
+def _operator_env(container: Any, extra_env: dict[str, str]) -> tuple[dict[str, str], int]:
+    """The Deployment container's plain env, its metrics port (if on) moved to a free one; and that port."""
+    env = {e.name: e.value for e in (container.env or []) if e.value is not None}
+    metrics_port = 0
+    if env.get("RAYSHIP_METRICS_PORT", "0") != "0":
+        metrics_port = free_port()
+        env["RAYSHIP_METRICS_PORT"] = str(metrics_port)
+    env.update(extra_env)
+    return env, metrics_port
 
 
 def scale_operator(replicas: int, paths: Paths | None = None, timeout: float = 120) -> None:

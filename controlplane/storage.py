@@ -8,6 +8,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 from controlplane.config import PROVISIONER, STORAGE_CLASS
 from controlplane.objects import api_client
@@ -38,29 +39,7 @@ def provisioner(kubeconfig: Path, volumes: Path, interval: float = 1.0) -> None:
                 path = volumes / pvc.metadata.uid
                 path.mkdir(parents=True, exist_ok=True)
                 path.chmod(0o777)  # as local-path-provisioner: the pods' users are not root
-                pv = {
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolume",
-                    "metadata": {
-                        "name": f"pvc-{pvc.metadata.uid}",
-                        "annotations": {"pv.kubernetes.io/provisioned-by": PROVISIONER},
-                    },
-                    "spec": {
-                        "capacity": {"storage": pvc.spec.resources.requests["storage"]},
-                        "accessModes": pvc.spec.access_modes,
-                        "volumeMode": pvc.spec.volume_mode or "Filesystem",
-                        "persistentVolumeReclaimPolicy": "Delete",
-                        "storageClassName": STORAGE_CLASS,
-                        "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
-                        "claimRef": {
-                            "apiVersion": "v1",
-                            "kind": "PersistentVolumeClaim",
-                            "namespace": pvc.metadata.namespace,
-                            "name": pvc.metadata.name,
-                            "uid": pvc.metadata.uid,
-                        },  # fmt: skip
-                    },
-                }
+                pv = _volume_for(pvc, path)
                 try:
                     core.create_persistent_volume(pv)
                     print(
@@ -84,3 +63,30 @@ def provisioner(kubeconfig: Path, volumes: Path, interval: float = 1.0) -> None:
         except Exception as err:  # noqa: BLE001  (keep running: the apiserver may be restarting)
             print(f"provisioner: {err}", flush=True)
         time.sleep(interval)
+
+
+def _volume_for(pvc: Any, path: Path) -> dict[str, Any]:
+    """The hostPath PV at `path` for a pending claim, bound to it (claimRef), deleted once released."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {
+            "name": f"pvc-{pvc.metadata.uid}",
+            "annotations": {"pv.kubernetes.io/provisioned-by": PROVISIONER},
+        },
+        "spec": {
+            "capacity": {"storage": pvc.spec.resources.requests["storage"]},
+            "accessModes": pvc.spec.access_modes,
+            "volumeMode": pvc.spec.volume_mode or "Filesystem",
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": STORAGE_CLASS,
+            "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
+            "claimRef": {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "namespace": pvc.metadata.namespace,
+                "name": pvc.metadata.name,
+                "uid": pvc.metadata.uid,
+            },  # fmt: skip
+        },
+    }
