@@ -268,9 +268,9 @@ def own_model(prepared: Prepared) -> str | None:
 def sigint_kept() -> Iterator[None]:
     """The process's SIGINT handler as it was, after a `fit()` in the main thread. Ray Train's `fit()`
     installs its own (a Ctrl-C aborts the run) and leaves it installed: it holds the run's controller
-    actor, so the finished run's controller process (~680 MB here) lived on until the next run or the
-    process's end, and a Ctrl-C after training (the demo's serving, an export) only "aborted" that
-    finished run: the first two were swallowed."""
+    actor, so the finished run's controller process (hundreds of MB) would live on until the next run
+    or the process's end, and a Ctrl-C after training (the demo's serving, an export) would only
+    "abort" that finished run: the first two would be swallowed."""
     if threading.current_thread() is not threading.main_thread():  # Tune's trials: Ray installs none
         yield
         return

@@ -109,9 +109,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # reconcile (see `in_thread`), and a restarted operator reconciles every object anyway.
     settings.queueing.exit_timeout = 0
     # kopf's worker of an object keeps its last event (the whole decoded object) until no new event
-    # has come for this long (5 s by default): after a burst, hundreds of objects' events. 1000
-    # TrainingJobs at once: operator RSS 166-181 MB (3 runs), against 184-190 MB with the default
-    # (3 runs; 0.1 s: 170).
+    # has come for this long (5 s by default): after a burst, hundreds of objects' events held at
+    # once. Shorter, the operator's peak memory in a burst is lower (bench/operator_memory.py).
     settings.queueing.idle_timeout = 0.5
     config = from_environment()
     settings.execution.max_workers = config.workers

@@ -42,7 +42,7 @@ class MemoryProgress(kopf.AnnotationsProgressStorage):
 class MemoryDiffBase(kopf.AnnotationsDiffBaseStorage):
     """The spec kopf last handled for a ModelService (the base of its diffs: it runs the update
     handler only when something but the status changed), in memory packed as compact JSON
-    (`_packed`), not written to the object. After a restart an object has none, so kopf handles it as
+    (`packed`), not written to the object. After a restart an object has none, so kopf handles it as
     created: the same reconcile."""
 
     def __init__(self, prefix: str):
@@ -50,7 +50,7 @@ class MemoryDiffBase(kopf.AnnotationsDiffBaseStorage):
         self.essences: dict[str, bytes] = {}
 
     # kopf builds the essence of every object at every event (a deep copy of the whole object, then
-    # trimmed: ~51 us) and diffs it with the last one, whether or not the kind has a change handler
+    # trimmed) and diffs it with the last one, whether or not the kind has a change handler
     # to give the diff to. TrainingJobs, RayJobs and namespaces have none: only a ModelService's is
     # built (and fetched); kopf takes None for none.
     @staticmethod
@@ -83,10 +83,9 @@ DIFFBASE = MemoryDiffBase(prefix=names.KOPF_ANNOTATION_PREFIX)
 
 def kept(body: Mapping[str, Any], drop_spec: tuple[str, ...] = ()) -> bytes:
     """A watched object as the operator keeps it for as long as it exists (kopf's indexes, own status
-    writes): `_trimmed`, packed as compact JSON, one allocation; `unpacked` reads it back (~6 us for
-    a TrainingJob). Kept as dicts, each object was a tree of small objects that also held on to the
-    strings of kopf's decoded event: 12.7 KB a TrainingJob with its RayJob, 4.6 KB packed (tracemalloc,
-    1000 of each)."""
+    writes): `_trimmed`, packed as compact JSON, one allocation; `unpacked` reads it back. Kept as
+    dicts, each object would be a tree of small objects that also holds on to the strings of kopf's
+    decoded event: several times the memory per object (bench/operator_memory.py measures it)."""
     return _packed(_trimmed(body, drop_spec))
 
 
