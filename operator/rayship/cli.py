@@ -236,17 +236,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     local = _workloads()
     from rayship import serve_local
+    from rayship.controller.modelservice.engines import engine_of
 
     if args.file:
         ms = _one(args.file, api.ModelService, local=True)
         assert isinstance(ms, api.ModelService)
         label = args.file
-        if ms.spec.engine == "vllm":
-            raise InputError(
-                f"{label}: spec.engine: vllm needs vLLM and GPUs, which rayship serve does not run locally; "
-                "set engine: rayship to serve the model here (its /v1 routes are OpenAI-compatible), or see "
-                "the cluster objects with rayship render -f"
-            )
+        if (why := engine_of(ms).not_local) is not None:
+            raise InputError(f"{label}: {why}")
         try:
             model = local.resolve_models(ms, runs_dir=Path(args.runs_dir))
         except FileNotFoundError as err:

@@ -14,6 +14,20 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 from rayship.controller.modelservice.context import ServeState, ServiceContext
+from rayship.controller.modelservice.engines import (
+    ENGINES,
+    IMPORT_PATH,
+    REMOTE_MODEL_SCHEMES,
+    VLLM_IMPORT_PATH,
+    Engine,
+    Model,
+    deployed_model_uri,
+    engine_of,
+    model_args,
+    serve_args,
+    serve_config,
+    vllm_args,
+)
 from rayship.controller.modelservice.phase import (
     ANY,
     NO_MODELS_STATUS,
@@ -32,24 +46,15 @@ from rayship.controller.modelservice.planner import (
     served_models,
 )
 from rayship.controller.modelservice.rayservice import (
-    IMPORT_PATH,
-    REMOTE_MODEL_SCHEMES,
-    VLLM_IMPORT_PATH,
-    Model,
     ModelVolumes,
     build_rayservice,
     cluster_hash,
-    deployed_model_uri,
     describe,
     desired_rayservice,
     model_annotation,
-    model_args,
     model_volumes,
     ray_cluster_config,
-    serve_args,
-    serve_config,
     service_url,
-    vllm_args,
 )
 from rayship.controller.modelservice.serve_probe import (
     SERVE_APPLICATIONS,
@@ -71,6 +76,9 @@ from rayship.controller.modelservice.source import (
 )
 
 __all__ = [
+    "ENGINES",
+    "Engine",
+    "engine_of",
     "ServeState",
     "ServiceContext",
     "Resolution",

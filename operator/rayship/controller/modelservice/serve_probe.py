@@ -18,7 +18,7 @@ from rayship.controller.conditions import (
     Probe,
 )
 from rayship.controller.modelservice.context import ServeState, ServiceContext
-from rayship.controller.modelservice.rayservice import deployed_model_uri
+from rayship.controller.modelservice.engines import deployed_model_uri
 
 
 def ray_token(config: OperatorConfig, namespace: str, rayservice: str) -> str:
