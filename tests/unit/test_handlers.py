@@ -333,3 +333,29 @@ def test_a_trainingjob_is_queued_while_its_status_does_not_reflect_its_spec(monk
     assert len(queued) == 4
     event("DELETED", 3, {"phase": "Running", "observedGeneration": 3})
     assert handlers._trainingjobs == set() and len(queued) == 4
+
+
+def test_an_event_after_the_operator_stopped_is_said_in_the_log_not_raised(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reconcile that was running at SIGTERM may finish after kopf's loop closed: its Event cannot be
+    posted; that is logged, while any other failure to post still raises."""
+    import kopf
+
+    from rayship.controller import reconcile as loop
+    from rayship.controller.conditions import Event
+
+    def closed(*_: object, **__: object) -> None:
+        raise RuntimeError("Event loop is closed")
+
+    def broken(*_: object, **__: object) -> None:
+        raise RuntimeError("something else")
+
+    owner = kopf.Body(cast(kopf.RawBody, {"metadata": {"name": "tj", "namespace": "ns"}}))
+    monkeypatch.setattr(kopf, "event", closed)
+    with caplog.at_level("INFO", logger="rayship"):
+        loop._post(owner, Event("Normal", "RayJobCreated", "created"))
+    assert "Event RayJobCreated of tj not posted" in caplog.text
+    monkeypatch.setattr(kopf, "event", broken)
+    with pytest.raises(RuntimeError, match="something else"):
+        loop._post(owner, Event("Normal", "RayJobCreated", "created"))

@@ -4,6 +4,7 @@ a time. A kind is a `Controller` entry; all I/O goes through `rayship.controller
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -19,6 +20,7 @@ from rayship.controller import k8s
 from rayship.controller.conditions import Event, Plan, Probe, describe_foreign, owned_changes, ownership
 from rayship.controller.kopf_storage import kept, unpacked
 
+log = logging.getLogger("rayship")
 CONFLICT_RETRIES = 5
 running: dict[int, tuple[str, float]] = {}  # thread -> (what, monotonic start) of running reconciles
 
@@ -217,6 +219,15 @@ def _carry_out(
 
 
 def _post(owner: kopf.Body, event: Event | None) -> None:
-    """Our own Events, posted explicitly (kopf.info() would obey posting.level and drop them)."""
-    if event is not None:
+    """Our own Events, posted explicitly (kopf.info() would obey posting.level and drop them). A
+    reconcile that was running when the operator stopped may finish after kopf's event loop closed:
+    its Event cannot be posted any more (the status it wrote stays), which is said in the log."""
+    if event is None:
+        return
+    try:
         kopf.event(owner, type=event.type, reason=event.reason, message=event.message)
+    except RuntimeError as err:
+        if "closed" not in str(err):
+            raise
+        name = owner.get("metadata", {}).get("name")
+        log.info("the operator is stopping: Event %s of %s not posted (%s)", event.reason, name, err)
