@@ -146,7 +146,7 @@ from controlplane.processes import (
     node_running,
     run_command,
     save_state,
-    spawn,
+    spawn_process,
     stop_process,
     wait_until,
 )
@@ -276,7 +276,7 @@ def _ensure_addons(paths: Paths, state: State) -> None:
         log(f"{source.name} changed since {name} started: restarting {name}")
         proc = state.procs[name]
         stop_process(proc)
-        state.procs[name] = spawn(name, proc.argv, paths, clean_env(paths))
+        state.procs[name] = spawn_process(name, proc.argv, paths, clean_env(paths))
         state.digests[name] = file_digest(source)
         save_state(state, paths)
         if name == "kube-apiserver":

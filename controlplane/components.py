@@ -23,7 +23,7 @@ from controlplane.config import (
     SERVICE_CIDR,
     VENV_BIN,
 )
-from controlplane.processes import Paths, Proc, State, clean_env, spawn
+from controlplane.processes import Paths, Proc, State, clean_env, spawn_process
 
 
 # --- the components ---------------------------------------------------------------------------------
@@ -36,7 +36,7 @@ def start_etcd(paths: Paths, state: State, bins: dict[str, Path]) -> Proc:
         "--initial-cluster", f"rayship=http://127.0.0.1:{peer}", "--initial-cluster-state", "new",
         "--quota-backend-bytes", str(2 * 1024**3), "--unsafe-no-fsync", "--log-level", "warn",
     ]  # fmt: skip
-    return spawn("etcd", argv, paths, clean_env(paths))
+    return spawn_process("etcd", argv, paths, clean_env(paths))
 
 
 def audit_log(paths: Paths | None = None) -> Path:
@@ -101,7 +101,7 @@ def start_apiserver(paths: Paths, state: State, bins: dict[str, Path]) -> Proc:
         f"--audit-policy-file={policy}", f"--audit-log-path={audit_log(paths)}", "--audit-log-format=json",
         "--audit-log-maxsize=500", "--audit-log-maxbackup=1",
     ]  # fmt: skip
-    return spawn("kube-apiserver", argv, paths, clean_env(paths))
+    return spawn_process("kube-apiserver", argv, paths, clean_env(paths))
 
 
 def start_controller_manager(paths: Paths, state: State, bins: dict[str, Path], server: str) -> Proc:
@@ -120,7 +120,7 @@ def start_controller_manager(paths: Paths, state: State, bins: dict[str, Path], 
         f"--cluster-cidr={POD_CIDR}", f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--profiling=false", "--v=1",
     ]  # fmt: skip
-    return spawn("kube-controller-manager", argv, paths, clean_env(paths))
+    return spawn_process("kube-controller-manager", argv, paths, clean_env(paths))
 
 
 def start_scheduler(paths: Paths, state: State, bins: dict[str, Path], server: str) -> Proc:
@@ -132,7 +132,7 @@ def start_scheduler(paths: Paths, state: State, bins: dict[str, Path], server: s
         "--bind-address=127.0.0.1", f"--secure-port={state.ports['kube-scheduler']}",
         f"--cert-dir={paths.run / 'kube-scheduler'}", "--leader-elect=false", "--profiling=false", "--v=1",
     ]  # fmt: skip
-    return spawn("kube-scheduler", argv, paths, clean_env(paths))
+    return spawn_process("kube-scheduler", argv, paths, clean_env(paths))
 
 
 def start_kwok(paths: Paths, bins: dict[str, Path], server: str) -> Proc:
@@ -156,7 +156,7 @@ def start_kwok(paths: Paths, bins: dict[str, Path], server: str) -> Proc:
         f"--config={cfg}",
         f"--config={KWOK_STAGES}",
     ]
-    return spawn("kwok", argv, paths, clean_env(paths))
+    return spawn_process("kwok", argv, paths, clean_env(paths))
 
 
 def start_provisioner(paths: Paths, server: str) -> Proc:
@@ -170,14 +170,14 @@ def start_provisioner(paths: Paths, server: str) -> Proc:
         "--volumes",
         str(paths.volumes),
     ]
-    return spawn("provisioner", argv, paths, clean_env(paths, PYTHONUNBUFFERED="1"))
+    return spawn_process("provisioner", argv, paths, clean_env(paths, PYTHONUNBUFFERED="1"))
 
 
 def start_api_forward(paths: Paths, state: State) -> Proc:
     """LINK_HOST_IP:443 -> 127.0.0.1:<apiserver>: the API server as the Ray heads' pods reach it."""
     argv = [venv_python(), str(HERE / "cluster.py"), "api-forward", "--listen", LINK_HOST_IP,
             "--port", str(API_FORWARD_PORT), "--to", str(state.ports["apiserver"])]  # fmt: skip
-    return spawn("kube-apiserver-forward", argv, paths, clean_env(paths, PYTHONUNBUFFERED="1"))
+    return spawn_process("kube-apiserver-forward", argv, paths, clean_env(paths, PYTHONUNBUFFERED="1"))
 
 
 KWOK_STAGES = HERE / "kwok-stages.yaml"

@@ -34,6 +34,7 @@ from controlplane.processes import (
     clean_env,
     run_command,
     save_state,
+    spawn_process,
     stop_process,
     wait_until,
 )
@@ -141,7 +142,7 @@ def start_node(paths: Paths, state: State, bins: dict[str, Path]) -> None:
     save_state(state, paths)
 
     def spawn(name: str, argv: list[str]) -> Proc:
-        proc = spawn(name, argv, paths, clean_env(paths))
+        proc = spawn_process(name, argv, paths, clean_env(paths))
         state.procs[name] = proc
         save_state(state, paths)
         return proc

@@ -40,7 +40,7 @@ from controlplane.processes import (
     load_state,
     node_running,
     run_command,
-    spawn,
+    spawn_process,
 )
 
 
@@ -214,7 +214,7 @@ def start_kuberay(paths: Paths, state: State, bins: dict[str, Path], client: Any
         f"--health-probe-bind-address=127.0.0.1:{state.ports['kuberay-probe']}",
         "--log-stdout-encoder=console",
     ]  # fmt: skip
-    return spawn("kuberay-operator", argv, paths, clean_env(paths, KUBECONFIG=str(kc)))
+    return spawn_process("kuberay-operator", argv, paths, clean_env(paths, KUBECONFIG=str(kc)))
 
 
 class ChartError(RuntimeError):

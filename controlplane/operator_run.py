@@ -25,7 +25,7 @@ from controlplane.processes import (
     node_running,
     reap,
     save_state,
-    spawn,
+    spawn_process,
     stop_process,
     wait_until,
 )
@@ -86,7 +86,7 @@ def start_operator(
         )
         full_env = clean_env(paths, KUBECONFIG=str(kc), PYTHONUNBUFFERED="1", **env)
         full_env["PATH"] = f"{VENV_BIN}:{full_env['PATH']}"
-        proc = spawn("rayship-operator", argv, paths, full_env)
+        proc = spawn_process("rayship-operator", argv, paths, full_env)
         state.procs["rayship-operator"] = proc
         state.operator = {"liveness_url": liveness, "metrics_port": metrics_port, "kubeconfig": str(kc)}
         save_state(state, paths)
@@ -198,7 +198,7 @@ def restart(component: str, paths: Paths | None = None) -> None:
         state = load_state(paths)
         proc = state.procs[component]
         stop_process(proc)
-        state.procs[component] = spawn(component, proc.argv, paths, clean_env(paths))
+        state.procs[component] = spawn_process(component, proc.argv, paths, clean_env(paths))
         save_state(state, paths)
     server = f"https://127.0.0.1:{state.ports['apiserver']}"
     wait_until("kube-apiserver /readyz", lambda: https_get(f"{server}/readyz", paths)[0] == 200, 90)

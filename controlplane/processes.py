@@ -271,7 +271,7 @@ def http_ok(url: str, insecure_tls: bool = False) -> bool:
 
 
 # --- processes --------------------------------------------------------------------------------------
-def spawn(name: str, argv: list[str], paths: Paths, env: dict[str, str]) -> Proc:
+def spawn_process(name: str, argv: list[str], paths: Paths, env: dict[str, str]) -> Proc:
     paths.logs.mkdir(parents=True, exist_ok=True)
     log_path = paths.logs / f"{name}.log"
     with open(log_path, "ab") as out:
