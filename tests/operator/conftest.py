@@ -29,7 +29,7 @@ REFUSED = re.compile(r"(?<![\w,.-])403(?![\w-])|Forbidden|forbidden")
 # Not RBAC: Events about an object of a test namespace that is being deleted.
 TERMINATING = "because it is being terminated"
 # Not RBAC: the API server's admission cannot map a kind whose CRD was installed moments ago (its
-# discovery is reset every 30 s); the operator retries it in seconds (k8s.Busy, handlers.retried).
+# discovery is reset every 30 s); the operator retries it in seconds (k8s.Busy, OperatorProcess.retried).
 DISCOVERY_LAG = "cannot find RESTMapping"
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
 

@@ -6,6 +6,14 @@ from typing import cast
 
 import pytest
 
+from rayship.config import OperatorConfig
+from rayship.controller.process import OperatorProcess
+
+
+def a_process(**config: object) -> OperatorProcess:
+    """The operator process's state, as `run` makes it (no kopf, no cluster)."""
+    return OperatorProcess.start(OperatorConfig.model_validate(config))
+
 
 def test_liveness_fails_while_a_reconcile_is_wedged() -> None:
     import time
@@ -14,16 +22,13 @@ def test_liveness_fails_while_a_reconcile_is_wedged() -> None:
     import pytest
 
     from rayship.controller import handlers
-    from rayship.controller import reconcile as loop
 
-    memo = SimpleNamespace(config=SimpleNamespace(wedged_seconds=300))
+    process = a_process(wedgedSeconds=300)
+    memo = SimpleNamespace(process=process)
     assert handlers.reconciles_not_wedged(memo=memo) == 0
-    loop.running[-1] = ("TrainingJob ns/stuck", time.monotonic() - 301)
-    try:
-        with pytest.raises(RuntimeError, match="TrainingJob ns/stuck has been running for 30"):
-            handlers.reconciles_not_wedged(memo=memo)
-    finally:
-        del loop.running[-1]
+    process.reconciler.running[-1] = ("TrainingJob ns/stuck", time.monotonic() - 301)
+    with pytest.raises(RuntimeError, match="TrainingJob ns/stuck has been running for 30"):
+        handlers.reconciles_not_wedged(memo=memo)
 
 
 def test_a_reconcile_still_queued_for_a_thread_is_dropped_when_the_operator_stops() -> None:
@@ -32,10 +37,12 @@ def test_a_reconcile_still_queued_for_a_thread_is_dropped_when_the_operator_stop
     import asyncio
     import threading
     from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
 
     import kopf._core.actions.invocation as invocation
 
-    from rayship.controller import handlers
+    from rayship.controller import process as operator_process
+    from rayship.controller import trainingjob_handlers
 
     ran: list[str] = []
     release = threading.Event()
@@ -44,13 +51,15 @@ def test_a_reconcile_still_queued_for_a_thread_is_dropped_when_the_operator_stop
         ran.append(name)
         release.wait(5)
 
-    handler = handlers.in_thread(reconcile)
+    handler = operator_process.in_thread(reconcile)
     assert invocation.is_async_fn(handler) and handler.__name__ == "reconcile"
-    assert invocation.is_async_fn(handlers.trainingjob_event)
+    assert invocation.is_async_fn(trainingjob_handlers.trainingjob_event)
+    process = a_process()
+    memo = SimpleNamespace(process=process)
 
     async def stop_with_a_backlog() -> None:
-        running = asyncio.create_task(handler(name="running"))
-        queued = [asyncio.create_task(handler(name=f"queued-{i}")) for i in range(3)]
+        running = asyncio.create_task(handler(name="running", memo=memo))
+        queued = [asyncio.create_task(handler(name=f"queued-{i}", memo=memo)) for i in range(3)]
         while not ran:
             await asyncio.sleep(0.01)
         for task in [running, *queued]:
@@ -60,12 +69,9 @@ def test_a_reconcile_still_queued_for_a_thread_is_dropped_when_the_operator_stop
         release.set()
 
     pool = ThreadPoolExecutor(max_workers=1)
-    previous, handlers._executor = handlers._executor, pool
-    try:
-        asyncio.run(stop_with_a_backlog())
-        pool.shutdown(wait=True)
-    finally:
-        handlers._executor = previous
+    process.executor = pool
+    asyncio.run(stop_with_a_backlog())
+    pool.shutdown(wait=True)
     assert ran == ["running"]
 
 
@@ -74,17 +80,18 @@ def test_a_reconcile_an_event_triggered_is_retried_after_a_temporary_failure() -
     import kopf
     import pytest
 
-    from rayship.controller import handlers
+    from rayship.controller.process import EVENT_ATTEMPTS
 
+    process = a_process()
     calls: list[int] = []
 
     def flaky() -> None:
         calls.append(1)
-        if len(calls) < handlers.EVENT_ATTEMPTS:
+        if len(calls) < EVENT_ATTEMPTS:
             raise kopf.TemporaryError("the API server does not know the owner's kind yet", delay=0.01)
 
-    handlers.retried("ModelService ns/m", flaky)
-    assert len(calls) == handlers.EVENT_ATTEMPTS
+    process.retried("ModelService ns/m", flaky)
+    assert len(calls) == EVENT_ATTEMPTS
 
     calls.clear()
 
@@ -93,17 +100,14 @@ def test_a_reconcile_an_event_triggered_is_retried_after_a_temporary_failure() -
         raise kopf.TemporaryError("busy", delay=0.01)
 
     with pytest.raises(kopf.TemporaryError, match="busy"):
-        handlers.retried("ModelService ns/m", always)
-    assert len(calls) == handlers.EVENT_ATTEMPTS  # then the resync takes over
+        process.retried("ModelService ns/m", always)
+    assert len(calls) == EVENT_ATTEMPTS  # then the resync takes over
 
     calls.clear()
-    handlers._stop_resync.set()  # the operator stops: no more waiting
-    try:
-        with pytest.raises(kopf.TemporaryError):
-            handlers.retried("ModelService ns/m", always)
-        assert len(calls) == 1
-    finally:
-        handlers._stop_resync.clear()
+    process.stop_resync.set()  # the operator stops: no more waiting
+    with pytest.raises(kopf.TemporaryError):
+        process.retried("ModelService ns/m", always)
+    assert len(calls) == 1
 
 
 def test_a_reconcile_starts_from_its_own_status_write_until_a_reconcile_sees_a_newer_version() -> None:
@@ -112,28 +116,26 @@ def test_a_reconcile_starts_from_its_own_status_write_until_a_reconcile_sees_a_n
     from rayship.controller import kopf_storage
     from rayship.controller import reconcile as loop
 
+    reconciler = a_process().reconciler
     key = ("TrainingJob", "ns", "tj")
     old = {"metadata": {"name": "tj", "resourceVersion": "10"}, "status": {}}
     written = {"metadata": {"name": "tj", "resourceVersion": "11"}, "status": {"phase": "Pending"}}
-    loop.written[key] = ("10", kopf_storage.kept(written))
-    try:
-        seen = loop.Seen(old, None)
-        assert loop._with_own_write(*key, seen).obj == written
-        # Another reconcile still reading 10 from the index (kopf stores the watch's 11 there only
-        # after its index handler returns) also starts from our write: it is still remembered.
-        assert loop._with_own_write(*key, seen).obj == written
-        # A reconcile that sees 11 works from the watch, and the write is forgotten.
-        assert loop._with_own_write(*key, loop.Seen(written, None)).obj is written
-        assert key not in loop.written
-        assert loop._with_own_write(*key, seen).obj is old
-        # A reconcile from a watch already past the write (its event came before it was remembered):
-        # works from the watch, and the write is forgotten.
-        loop.written[key] = ("10", kopf_storage.kept(written))
-        newer = {"metadata": {"name": "tj", "resourceVersion": "12"}}
-        assert loop._with_own_write(*key, loop.Seen(newer, None)).obj is newer
-        assert key not in loop.written
-    finally:
-        loop.written.pop(key, None)
+    reconciler.written[key] = ("10", kopf_storage.kept(written))
+    seen = loop.Seen(old, None)
+    assert reconciler.with_own_write(*key, seen).obj == written
+    # Another reconcile still reading 10 from the index (kopf stores the watch's 11 there only
+    # after its index handler returns) also starts from our write: it is still remembered.
+    assert reconciler.with_own_write(*key, seen).obj == written
+    # A reconcile that sees 11 works from the watch, and the write is forgotten.
+    assert reconciler.with_own_write(*key, loop.Seen(written, None)).obj is written
+    assert key not in reconciler.written
+    assert reconciler.with_own_write(*key, seen).obj is old
+    # A reconcile from a watch already past the write (its event came before it was remembered):
+    # works from the watch, and the write is forgotten.
+    reconciler.written[key] = ("10", kopf_storage.kept(written))
+    newer = {"metadata": {"name": "tj", "resourceVersion": "12"}}
+    assert reconciler.with_own_write(*key, loop.Seen(newer, None)).obj is newer
+    assert key not in reconciler.written
 
 
 def test_reconciles_of_one_object_never_overlap_those_of_two_objects_do(
@@ -144,10 +146,9 @@ def test_reconciles_of_one_object_never_overlap_those_of_two_objects_do(
     import threading
     import time
 
-    from rayship.config import OperatorConfig
-    from rayship.controller import handlers
-    from rayship.controller import reconcile as loop
+    from rayship.controller.trainingjob_handlers import TRAINING
 
+    reconciler = a_process().reconciler
     running, peak = [0], [0]  # reconciles running now, and the most at once in this run
     guard = threading.Lock()
 
@@ -160,15 +161,11 @@ def test_reconciles_of_one_object_never_overlap_those_of_two_objects_do(
             running[0] -= 1
         return True
 
-    monkeypatch.setattr(loop, "_reconcile_once", once)
-    config = OperatorConfig()
+    monkeypatch.setattr(reconciler, "reconcile_once", once)
 
     def run_at_once(names: list[str]) -> int:
         peak[0] = 0
-        threads = [
-            threading.Thread(target=handlers.reconcile, args=(handlers.TRAINING, "ns", n, config))
-            for n in names
-        ]
+        threads = [threading.Thread(target=reconciler.reconcile, args=(TRAINING, "ns", n)) for n in names]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -179,8 +176,8 @@ def test_reconciles_of_one_object_never_overlap_those_of_two_objects_do(
     other = next(
         f"pair-{i}"
         for i in range(1000)
-        if loop.object_lock("TrainingJob", "ns", f"pair-{i}")
-        is not loop.object_lock("TrainingJob", "ns", "pair")
+        if reconciler.object_lock("TrainingJob", "ns", f"pair-{i}")
+        is not reconciler.object_lock("TrainingJob", "ns", "pair")
     )
     assert run_at_once(["pair", other]) == 2
 
@@ -270,9 +267,10 @@ def test_a_queued_reconcile_is_queued_again_after_a_failure_as_kopf_would_retry_
 ) -> None:
     import kopf
 
-    from rayship.config import OperatorConfig
-    from rayship.controller import handlers
+    from rayship.controller import trainingjob_handlers as handlers
 
+    process = a_process()
+    process.queue = handlers.queue_for(process)
     errors = {
         "temporary": kopf.TemporaryError("API server busy", delay=7),
         "permanent": kopf.PermanentError("cluster-scoped"),
@@ -281,16 +279,15 @@ def test_a_queued_reconcile_is_queued_again_after_a_failure_as_kopf_would_retry_
     calls: list[tuple[str, str]] = []
     again: list[tuple[tuple[str, str], float, bool]] = []
 
-    def reconcile(namespace: str, name: str, config: OperatorConfig, seen: object) -> None:
+    def reconcile(process: OperatorProcess, namespace: str, name: str, seen: object) -> None:
         calls.append((namespace, name))
         if raised:
             raise errors[raised]
 
-    monkeypatch.setattr(handlers, "_config", OperatorConfig())
-    monkeypatch.setattr(handlers, "_watched", {})  # nothing watched yet: the reconcile reads
+    # nothing watched yet (process.watched is empty): the reconcile reads
     monkeypatch.setattr(handlers, "reconcile_trainingjob", reconcile)
-    monkeypatch.setattr(handlers.TRAINING_QUEUE, "add_after", lambda *a: again.append(a))
-    handlers._reconcile_queued(("ns", "job"), True)
+    monkeypatch.setattr(process.queue, "add_after", lambda *a: again.append(a))
+    handlers._reconcile_queued(process, ("ns", "job"), True)
     assert calls == [("ns", "job")]
     assert again == ([] if again_in is None else [(("ns", "job"), again_in, True)])
 
@@ -303,25 +300,24 @@ def test_a_trainingjob_is_queued_while_its_status_does_not_reflect_its_spec(monk
     import asyncio
     from types import SimpleNamespace
 
-    from rayship.controller import handlers
+    from rayship.controller import trainingjob_handlers as handlers
 
+    process = a_process()
+    process.queue = handlers.queue_for(process)
     queued: list[tuple[tuple[str, str], bool]] = []
-    for name, value in [("_trainingjobs", set()), ("_reconciled", {}), ("_watched", {}), ("terminating", {}),
-                        ("_kopf_context", None)]:  # fmt: skip
-        monkeypatch.setattr(handlers, name, value)
-    monkeypatch.setattr(handlers.TRAINING_QUEUE, "add", lambda key, fresh=False: queued.append((key, fresh)))
+    monkeypatch.setattr(process.queue, "add", lambda key, fresh=False: queued.append((key, fresh)))
 
     def event(kind: str | None, generation: int, status: dict[str, object]) -> None:
         views = {"trainingjobs_seen": {}, "rayjobs_seen": {}, "namespaces_terminating": {}}
         asyncio.run(
             handlers.trainingjob_event(
                 type=kind, namespace="ns", name="job", uid=None, meta={"generation": generation},
-                status=status, services_by_trainingjob={}, memo=SimpleNamespace(config=None), **views,
+                status=status, services_by_trainingjob={}, memo=SimpleNamespace(process=process), **views,
             )
         )  # fmt: skip
 
     event("ADDED", 1, {})  # created: no status yet
-    assert queued == [(("ns", "job"), True)] and handlers._trainingjobs == {("ns", "job")}
+    assert queued == [(("ns", "job"), True)] and process.trainingjobs == {("ns", "job")}
     event("MODIFIED", 1, {"phase": "Pending", "observedGeneration": 1})  # the operator's status write
     event("MODIFIED", 1, {"phase": "Running", "observedGeneration": 1, "progress": {"epoch": 1}})
     event(None, 1, {"phase": "Running", "observedGeneration": 1})  # listed at start-up, up to date
@@ -332,7 +328,7 @@ def test_a_trainingjob_is_queued_while_its_status_does_not_reflect_its_spec(monk
     event(None, 3, {"phase": "Running", "observedGeneration": 2})  # changed while no operator ran
     assert len(queued) == 4
     event("DELETED", 3, {"phase": "Running", "observedGeneration": 3})
-    assert handlers._trainingjobs == set() and len(queued) == 4
+    assert process.trainingjobs == set() and len(queued) == 4
 
 
 def test_an_event_after_the_operator_stopped_is_said_in_the_log_not_raised(

@@ -19,7 +19,8 @@ from rayship import api, cli
 from rayship.api import names
 from rayship.api.validation import SpecError, parse
 from rayship.config import OperatorConfig
-from rayship.controller import handlers, modelservice
+from rayship.controller import modelservice
+from rayship.controller import modelservice_handlers as handlers
 from tools.kuberay_rules import rayservice_violations
 
 SPEC = Path(__file__).parent / "specs" / "modelservice-models.yaml"

@@ -77,10 +77,6 @@ class MemoryDiffBase(kopf.AnnotationsDiffBaseStorage):
         self.essences.pop(uid, None)
 
 
-PROGRESS = MemoryProgress(prefix=names.KOPF_ANNOTATION_PREFIX)
-DIFFBASE = MemoryDiffBase(prefix=names.KOPF_ANNOTATION_PREFIX)
-
-
 def kept(body: Mapping[str, Any], drop_spec: tuple[str, ...] = ()) -> bytes:
     """A watched object as the operator keeps it for as long as it exists (kopf's indexes, own status
     writes): `_trimmed`, packed as compact JSON, one allocation; `unpacked` reads it back. Kept as
@@ -125,9 +121,3 @@ def _plain(value: Any) -> Any:
 def one_of(index: kopf.Index[Any, bytes], key: Any) -> dict[str, Any] | None:
     kept = next(iter(index.get(key, [])), None)
     return None if kept is None else unpacked(kept)
-
-
-def forget_object(uid: str) -> None:
-    """Drop kopf's in-memory bookkeeping of a deleted object."""
-    PROGRESS.forget(uid)
-    DIFFBASE.forget(uid)

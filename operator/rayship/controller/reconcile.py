@@ -22,7 +22,6 @@ from rayship.controller.kopf_storage import kept, unpacked
 
 log = logging.getLogger("rayship")
 CONFLICT_RETRIES = 5
-running: dict[int, tuple[str, float]] = {}  # thread -> (what, monotonic start) of running reconciles
 
 
 @dataclass(frozen=True)
@@ -51,10 +50,6 @@ class Controller:
     heard: Callable[[Plan, int, str], Plan] = lambda plan, *_: plan
 
 
-terminating: dict[str, kopf.Index[str, bool]] = {}  # "namespaces": kopf's live index, set by the first event
-# --- the reconcile loop --------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Seen:
     """The resource and its child as kopf's watches last showed them (None: no child seen)."""
@@ -63,127 +58,129 @@ class Seen:
     child: dict[str, Any] | None
 
 
-# A reconcile that works from the watches remembers its last status write, (kind, namespace, name) ->
-# (the resourceVersion it wrote over, the object the API server returned, `kept`), until a reconcile
-# sees a newer version (`_with_own_write`; the resync reconciles every object, so an entry lasts at
-# most about two resync intervals). Under load the watch lags behind the operator's own writes: a
-# reconcile right after one (e.g. of the RayJob KubeRay just updated) would write at the older
-# version, get a 409 and read both objects again (a 100-job burst: 62 of 169 status writes). Not
-# forgotten when the watch shows the write: kopf stores an event in its index only after the index
-# handler returns, and a reconcile reading the index meanwhile still sees the older version.
-written: dict[tuple[str, str, str], tuple[str, bytes]] = {}
+class Reconciler:
+    """The reconcile loop of one operator process, and what it remembers between reconciles: the
+    reconciles running now (the liveness probe reads them), its own last status writes, kopf's live
+    index of the namespaces being deleted (handed over by the first event), the object locks. Made
+    once, at start-up (`rayship.controller.process`)."""
 
+    def __init__(self, config: OperatorConfig, stripes: int = 256) -> None:
+        self.config = config
+        self.running: dict[int, tuple[str, float]] = {}  # thread -> (what, monotonic start)
+        self.terminating: dict[str, kopf.Index[str, bool]] = {}  # "namespaces": kopf's live index
+        # A reconcile that works from the watches remembers its last status write, (kind, namespace, name) ->
+        # (the resourceVersion it wrote over, the object the API server returned, `kept`), until a reconcile
+        # sees a newer version (`with_own_write`; the resync reconciles every object, so an entry lasts at
+        # most about two resync intervals). Under load the watch lags behind the operator's own writes: a
+        # reconcile right after one (e.g. of the RayJob KubeRay just updated) would write at the older
+        # version, get a 409 and read both objects again (a 100-job burst: 62 of 169 status writes). Not
+        # forgotten when the watch shows the write: kopf stores an event in its index only after the index
+        # handler returns, and a reconcile reading the index meanwhile still sees the older version.
+        self.written: dict[tuple[str, str, str], tuple[str, bytes]] = {}
+        # One reconcile of an object at a time, as a controller's work queue guarantees: otherwise a job's
+        # create pass and its RayJob's first event, run at once, can both write its status at the same
+        # resourceVersion, and one loses (409: both objects read again, the status written again). The one
+        # that waited starts from the other's write (`with_own_write`). Locks by stripe: bounded memory;
+        # with 32 workers, two objects seldom share one. (Reconciles never nest, so a stripe is never
+        # taken twice by one thread.) TrainingJobs have their work queue, which guarantees this too; the
+        # locks serve the ModelServices (their handlers, timers and RayService events run in kopf's pool).
+        self._locks = tuple(threading.Lock() for _ in range(stripes))
 
-def _with_own_write(kind: str, namespace: str, name: str, seen: Seen) -> Seen:
-    """`seen`, its resource replaced by our own later write when the watch has not shown that yet.
-    A write the watch has moved past is forgotten here too: its own event may have come before the
-    write was remembered, and no later event may come (the resync still passes by)."""
-    mine = written.get((kind, namespace, name))
-    if mine is None:
+    def object_lock(self, kind: str, namespace: str, name: str) -> threading.Lock:
+        return self._locks[hash((kind, namespace, name)) % len(self._locks)]
+
+    def with_own_write(self, kind: str, namespace: str, name: str, seen: Seen) -> Seen:
+        """`seen`, its resource replaced by our own later write when the watch has not shown that yet.
+        A write the watch has moved past is forgotten here too: its own event may have come before the
+        write was remembered, and no later event may come (the resync still passes by)."""
+        mine = self.written.get((kind, namespace, name))
+        if mine is None:
+            return seen
+        if seen.obj["metadata"].get("resourceVersion") == mine[0]:
+            return replace(seen, obj=unpacked(mine[1]))
+        self.written.pop((kind, namespace, name), None)
         return seen
-    if seen.obj["metadata"].get("resourceVersion") == mine[0]:
-        return replace(seen, obj=unpacked(mine[1]))
-    written.pop((kind, namespace, name), None)
-    return seen
 
+    def reconcile(self, ctl: Controller, namespace: str, name: str, seen: Seen | None = None) -> None:
+        """Bring the child in line with the resource, then mirror the child's state into the resource's
+        status (written only when it changed, at the resourceVersion it was derived from); idempotent.
+        Never runs twice at once for one object (`object_lock`).
 
-# One reconcile of an object at a time, as a controller's work queue guarantees: otherwise a job's
-# create pass and its RayJob's first event, run at once, can both write its status at the same
-# resourceVersion, and one loses (409: both objects read again, the status written again). The one
-# that waited starts from the other's write (`_with_own_write`). Locks by stripe: bounded memory;
-# with 32 workers, two objects seldom share one. (Reconciles never nest, so a stripe is never
-# taken twice by one thread.) TrainingJobs have their work queue, which guarantees this too; the
-# locks serve the ModelServices (their handlers, timers and RayService events run in kopf's pool).
-_OBJECT_LOCKS = tuple(threading.Lock() for _ in range(256))
+        With `seen`, the first pass works from what the watches showed; a status write that finds the
+        resource changed since (409) reads both from the API server and plans again."""
+        metrics.RECONCILES.labels(ctl.kind).inc()
+        with self.object_lock(ctl.kind, namespace, name):
+            self.running[threading.get_ident()] = (f"{ctl.kind} {namespace}/{name}", time.monotonic())
+            try:
+                with metrics.RECONCILE_ERRORS.labels(ctl.kind).count_exceptions():
+                    for attempt in range(CONFLICT_RETRIES):
+                        first = seen if attempt == 0 else None
+                        if self.reconcile_once(ctl, namespace, name, first, watched=seen is not None):
+                            return
+                    raise kopf.TemporaryError(
+                        f"{ctl.kind} {namespace}/{name} kept changing; retrying", delay=2
+                    )
+            finally:
+                self.running.pop(threading.get_ident(), None)
 
-
-def object_lock(kind: str, namespace: str, name: str) -> threading.Lock:
-    return _OBJECT_LOCKS[hash((kind, namespace, name)) % len(_OBJECT_LOCKS)]
-
-
-def reconcile(
-    ctl: Controller, namespace: str, name: str, config: OperatorConfig, seen: Seen | None = None
-) -> None:
-    """Bring the child in line with the resource, then mirror the child's state into the resource's
-    status (written only when it changed, at the resourceVersion it was derived from); idempotent.
-    Never runs twice at once for one object (`object_lock`).
-
-    With `seen`, the first pass works from what the watches showed; a status write that finds the
-    resource changed since (409) reads both from the API server and plans again."""
-    metrics.RECONCILES.labels(ctl.kind).inc()
-    with object_lock(ctl.kind, namespace, name):
-        running[threading.get_ident()] = (f"{ctl.kind} {namespace}/{name}", time.monotonic())
-        try:
-            with metrics.RECONCILE_ERRORS.labels(ctl.kind).count_exceptions():
-                for attempt in range(CONFLICT_RETRIES):
-                    first = seen if attempt == 0 else None
-                    if _reconcile_once(ctl, namespace, name, config, first, watched=seen is not None):
-                        return
-                raise kopf.TemporaryError(f"{ctl.kind} {namespace}/{name} kept changing; retrying", delay=2)
-        finally:
-            running.pop(threading.get_ident(), None)
-
-
-def _reconcile_once(
-    ctl: Controller,
-    namespace: str,
-    name: str,
-    config: OperatorConfig,
-    seen: Seen | None = None,
-    watched: bool = False,
-) -> bool:
-    """One read-plan-act-write pass; False when the status write lost a race (read again).
-    `watched`: the reconcile works from the watches, so its status write is remembered (`written`).
-    Nothing at all in a namespace being deleted."""
-    if namespace in terminating.get("namespaces", {}):
-        return True
-    if seen is not None:
-        seen = _with_own_write(ctl.kind, namespace, name, seen)
-    obj = seen.obj if seen else k8s.get(ctl.resource, namespace, name)
-    if obj is None or obj["metadata"].get("deletionTimestamp"):
-        return True  # gone or going: its children follow by garbage collection
-    child = seen.child if seen else k8s.get(ctl.child, namespace, ctl.child_name(name))
-    related = [found for ref in ctl.related(obj) if (found := k8s.get(ref[0], namespace, ref[1])) is not None]
-    todo = ctl.plan(obj, child, related, config)
-    if seen and child is None and todo.create is None:
-        # No child in memory, and the plan acts on its absence (e.g. a launched child gone): the
-        # watch may lag behind a child just made, so ask the API server before acting on it.
-        child = k8s.get(ctl.child, namespace, ctl.child_name(name))
+    def reconcile_once(
+        self, ctl: Controller, namespace: str, name: str, seen: Seen | None = None, watched: bool = False
+    ) -> bool:
+        """One read-plan-act-write pass; False when the status write lost a race (read again).
+        `watched`: the reconcile works from the watches, so its status write is remembered (`written`).
+        Nothing at all in a namespace being deleted."""
+        config = self.config
+        if namespace in self.terminating.get("namespaces", {}):
+            return True
+        if seen is not None:
+            seen = self.with_own_write(ctl.kind, namespace, name, seen)
+        obj = seen.obj if seen else k8s.get(ctl.resource, namespace, name)
+        if obj is None or obj["metadata"].get("deletionTimestamp"):
+            return True  # gone or going: its children follow by garbage collection
+        child = seen.child if seen else k8s.get(ctl.child, namespace, ctl.child_name(name))
+        related = [
+            found for ref in ctl.related(obj) if (found := k8s.get(ref[0], namespace, ref[1])) is not None
+        ]
         todo = ctl.plan(obj, child, related, config)
-    owner = kopf.Body(cast(kopf.RawBody, obj))  # a raw object as read from the API
-    try:
-        child = _carry_out(ctl, owner, obj, child, todo)
-    except k8s.Rejected as refused:
-        todo = replace(todo, rejected=(refused.phase, refused.reason, refused.message))
-    except k8s.Busy as busy:
-        raise kopf.TemporaryError(str(busy), delay=5) from None
-    except k8s.Terminating:
-        return True  # the namespace is being deleted: nothing new can be made there, nor is needed
-    if (probe := ctl.probe(todo, child, config)) is not None:
-        todo = ctl.heard(todo, *k8s.proxy_get(namespace, probe))
-    current = obj.get("status") or {}
-    selector = ctl.pods(child)
-    pods = k8s.list_pods(namespace, selector) if selector else []
-    desired = ctl.status(obj, child, todo, pods, datetime.now(UTC))
-    changes = owned_changes(current, desired)
-    if not changes:
+        if seen and child is None and todo.create is None:
+            # No child in memory, and the plan acts on its absence (e.g. a launched child gone): the
+            # watch may lag behind a child just made, so ask the API server before acting on it.
+            child = k8s.get(ctl.child, namespace, ctl.child_name(name))
+            todo = ctl.plan(obj, child, related, config)
+        owner = kopf.Body(cast(kopf.RawBody, obj))  # a raw object as read from the API
+        try:
+            child = _carry_out(ctl, owner, obj, child, todo)
+        except k8s.Rejected as refused:
+            todo = replace(todo, rejected=(refused.phase, refused.reason, refused.message))
+        except k8s.Busy as busy:
+            raise kopf.TemporaryError(str(busy), delay=5) from None
+        except k8s.Terminating:
+            return True  # the namespace is being deleted: nothing new can be made there, nor is needed
+        if (probe := ctl.probe(todo, child, config)) is not None:
+            todo = ctl.heard(todo, *k8s.proxy_get(namespace, probe))
+        current = obj.get("status") or {}
+        selector = ctl.pods(child)
+        pods = k8s.list_pods(namespace, selector) if selector else []
+        desired = ctl.status(obj, child, todo, pods, datetime.now(UTC))
+        changes = owned_changes(current, desired)
+        if not changes:
+            return True
+        if _child_going(child, todo) and k8s.namespace_terminating(namespace):
+            # The namespace watch has not told yet (or no event has handed its index over): asked, as
+            # the status would say that a job or service failed moments before it goes too.
+            return True
+        written_over = obj["metadata"]["resourceVersion"]
+        try:
+            stored = k8s.patch_status(ctl.resource, namespace, name, changes, written_over)
+        except k8s.Conflict:
+            return False
+        if watched:
+            self.written[(ctl.kind, namespace, name)] = (written_over, kept(stored))
+        if desired.get("phase") != current.get("phase"):
+            metrics.PHASE_TRANSITIONS.labels(ctl.kind, str(desired.get("phase"))).inc()
+        for event in ctl.announce(current, desired):
+            _post(owner, event)
         return True
-    if _child_going(child, todo) and k8s.namespace_terminating(namespace):
-        # The namespace watch has not told yet (or no event has handed its index over): asked, as
-        # the status would say that a job or service failed moments before it goes too.
-        return True
-    written_over = obj["metadata"]["resourceVersion"]
-    try:
-        stored = k8s.patch_status(ctl.resource, namespace, name, changes, written_over)
-    except k8s.Conflict:
-        return False
-    if watched:
-        written[(ctl.kind, namespace, name)] = (written_over, kept(stored))
-    if desired.get("phase") != current.get("phase"):
-        metrics.PHASE_TRANSITIONS.labels(ctl.kind, str(desired.get("phase"))).inc()
-    for event in ctl.announce(current, desired):
-        _post(owner, event)
-    return True
 
 
 def _child_going(child: Mapping[str, Any] | None, todo: Plan) -> bool:
