@@ -96,6 +96,7 @@ def starting_pods(rayservice: Mapping[str, Any] | None) -> str | None:
     return f"ray.io/cluster={cluster}" if cluster else None
 
 
+# `Controller.status` of this kind: the same signature as the other kind's (an intended parallel).
 def status(
     modelservice: Mapping[str, Any],
     rayservice: Mapping[str, Any] | None,

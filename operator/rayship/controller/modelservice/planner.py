@@ -36,6 +36,7 @@ def served_models(current: Mapping[str, Any], multi: bool) -> dict[str, str]:
     return {n: e["uri"] for n, e in model_status_by_name(current).items() if isinstance(e.get("uri"), str)}
 
 
+# `Controller.plan` of this kind: the same signature as the other kind's (an intended parallel).
 def plan(
     modelservice: Mapping[str, Any],
     rayservice: Mapping[str, Any] | None,

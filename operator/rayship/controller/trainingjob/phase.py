@@ -261,6 +261,7 @@ def starting_pods(rayjob: Mapping[str, Any] | None) -> str | None:
     return f"ray.io/cluster={st['rayClusterName']}"
 
 
+# `Controller.status` of this kind: the same signature as the other kind's (an intended parallel).
 def status(
     trainingjob: Mapping[str, Any],
     rayjob: Mapping[str, Any] | None,

@@ -45,6 +45,7 @@ def applied_spec(rayjob: Mapping[str, Any]) -> dict[str, Any] | None:
     return json.loads(raw) if raw else None
 
 
+# `Controller.plan` of this kind: the same signature as the other kind's (an intended parallel).
 def plan(
     trainingjob: Mapping[str, Any],
     rayjob: Mapping[str, Any] | None,
