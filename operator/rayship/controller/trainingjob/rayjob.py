@@ -24,20 +24,16 @@ STUCK_REASONS = frozenset({"Unschedulable", "OOMKilled"}) | STUCK_WAITING_REASON
 JOB_MODULE = "rayship_workloads.job"  # the workload driver: `python -m rayship_workloads.job --spec`
 
 
-def resolved_spec(
-    tj: api.TrainingJob, config: OperatorConfig, wired: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """The spec as the workload sees it: defaults applied, image and rayVersion resolved (from
-    `wired`, the spec's wire form, when the caller has it already: a copy is resolved)."""
-    spec = dict(wired) if wired is not None else tj.spec.wire()
+def resolved_spec(wired: dict[str, Any], config: OperatorConfig) -> dict[str, Any]:
+    """The spec as the workload sees it (a copy of `wired`, the spec's wire form): defaults applied,
+    image and rayVersion resolved."""
+    spec = dict(wired)
     spec.setdefault("image", config.default_image)
     spec.setdefault("rayVersion", config.default_ray_version)
     return spec
 
 
-def workload_document(
-    tj: api.TrainingJob, config: OperatorConfig, resolved: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def workload_document(tj: api.TrainingJob, resolved: dict[str, Any]) -> dict[str, Any]:
     """The TrainingJob handed to `python -m rayship_workloads.job --spec` (same YAML, resolved),
     without `env`: the pods already have it, and the entrypoint is shown in Ray's job list and
     dashboard, so no env value (a token pasted as a plain value) travels in it."""
@@ -47,7 +43,7 @@ def workload_document(
     uid = (tj.metadata.model_extra or {}).get("uid")
     if uid:
         meta["uid"] = str(uid)  # the job's identity where it is tracked (spec.tracking)
-    spec = dict(resolved) if resolved is not None else resolved_spec(tj, config)
+    spec = dict(resolved)
     spec.pop("env", None)
     return {"apiVersion": api.API_VERSION, "kind": "TrainingJob", "metadata": meta, "spec": spec}
 
@@ -77,10 +73,8 @@ def secret_looking_env(tj: api.TrainingJob) -> list[str]:
     ]
 
 
-def train_entrypoint(
-    tj: api.TrainingJob, config: OperatorConfig, resolved: dict[str, Any] | None = None
-) -> str:
-    document = workload_document(tj, config, resolved)
+def train_entrypoint(tj: api.TrainingJob, resolved: dict[str, Any]) -> str:
+    document = workload_document(tj, resolved)
     return f"python -m {JOB_MODULE} --spec {shlex.quote(canonical_json(document))}"
 
 
@@ -142,11 +136,11 @@ def build_rayjob(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
     spec = tj.spec
     labels = names.labels("TrainingJob", tj.metadata.name, "training")
     wired = spec.wire()  # once per render: the resolved spec, the entrypoint and the annotation read it
-    resolved = resolved_spec(tj, config, wired)
+    resolved = resolved_spec(wired, config)
     head_template, worker_template = _pod_templates(tj, config, resolved["image"], labels)
     replicas = spec.workers.replicas
     rayjob_spec: dict[str, Any] = {
-        "entrypoint": train_entrypoint(tj, config, resolved),
+        "entrypoint": train_entrypoint(tj, resolved),
         # HTTPMode: KubeRay itself submits the job to the Ray dashboard (through the API server's
         # service proxy with --use-kubernetes-proxy) once the cluster is ready: no submitter pod to
         # schedule, to leak or to account for in a queue (K8sJobMode's `ray job submit` pod).
