@@ -128,8 +128,6 @@ def deployed_model_uri(args: Mapping[str, Any]) -> str | None:
 
 @dataclass(frozen=True)
 class Engine:
-    name: str
-    import_path: str | None  # None: the ModelService names its own (spec.application.importPath)
     # The application's fields besides its name and route prefix: import_path, args, deployments, ...
     application: Callable[[api.ModelService, Model], dict[str, Any]]
     not_local: str | None = None  # why `rayship serve -f` cannot run it on this machine, or None
@@ -176,11 +174,9 @@ def _vllm(ms: api.ModelService, model: Model) -> dict[str, Any]:
 
 
 ENGINES: dict[str, Engine] = {
-    "builtin": Engine("builtin", IMPORT_PATH, _builtin),
-    "own": Engine("own", None, _own),
+    "builtin": Engine(_builtin),
+    "own": Engine(_own),
     "vllm": Engine(
-        "vllm",
-        VLLM_IMPORT_PATH,
         _vllm,
         not_local="spec.engine: vllm needs vLLM and GPUs, which rayship serve does not run locally; set "
         "engine: rayship to serve the model here (its /v1 routes are OpenAI-compatible), or see the "
