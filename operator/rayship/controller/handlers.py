@@ -65,7 +65,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     k8s.configure(connections=config.workers + 2)  # + two spare
     if config.ray_token_key is None:
         config = config.model_copy(update={"ray_token_key": SecretStr(k8s.token_key(config.namespace))})
-        process.config = process.reconciler.config = config
+        process.reconciler.config = config
     logging.getLogger("rayship").setLevel(config.log_level.upper())
     metrics.serve(config.metrics_port)
     queue = process.queue = queue_for(process)

@@ -33,8 +33,7 @@ Index = kopf.Index[tuple[str | None, str], bytes]
 
 @dataclass
 class OperatorProcess:
-    config: OperatorConfig
-    reconciler: Reconciler
+    reconciler: Reconciler  # holds the configuration (`config`)
     progress: MemoryProgress = field(
         default_factory=lambda: MemoryProgress(prefix=names.KOPF_ANNOTATION_PREFIX)
     )
@@ -59,7 +58,11 @@ class OperatorProcess:
 
     @classmethod
     def start(cls, config: OperatorConfig) -> OperatorProcess:
-        return cls(config=config, reconciler=Reconciler(config))
+        return cls(reconciler=Reconciler(config))
+
+    @property
+    def config(self) -> OperatorConfig:
+        return self.reconciler.config
 
     def forget(self, uid: str) -> None:
         """Drop kopf's in-memory bookkeeping of a deleted object."""
