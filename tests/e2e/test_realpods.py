@@ -359,7 +359,7 @@ def test_a_model_that_cannot_load_fails_with_serves_reason(real_node, operator, 
 
 
 def test_what_users_hit_first_is_named_in_the_status_with_the_pod(real_node, operator, kube: Kube) -> None:
-    """Scenario 7: an image that does not exist, and a worker pod too small for Ray: each named in the
+    """Scenario 7: an image that does not exist, then a worker pod too small for Ray: each named in the
     TrainingJob's Running condition with the pod and the kubelet's reason (an unschedulable pod is
     the operator tier's, on kwok nodes)."""
 
@@ -377,27 +377,26 @@ def test_what_users_hit_first_is_named_in_the_status_with_the_pod(real_node, ope
         kube.delete(TJ, name)
         wait_for(lambda: kube.get(RJ, names.rayjob_name(name)) is None, 120, what=f"{name}'s RayJob gone")
 
-    # Both at once (they fit the node together): an image that does not exist, and less memory than
-    # `ray start` itself needs (Ray refuses to start, its object store's minimum, or the kernel kills
-    # it; either way the container restarts until the kubelet backs off).
-    job("no-image", image="rayship/rayship-workloads:does-not-exist", head={"cpus": 0.25, "memory": "3Gi"},
-        workers=dict(SMALL_TRAINING["workers"], replicas=1, cpusPerWorker=0.25))  # fmt: skip
-    job("too-small", workers=dict(SMALL_TRAINING["workers"], replicas=1, memoryPerWorker="160Mi"))
+    job("no-image", image="rayship/rayship-workloads:does-not-exist")
     try:
         found = wait_for(
             lambda: reason("no-image", "ErrImagePull", "ImagePullBackOff"), 180, what="ErrImagePull"
         )
         assert "pod no-image-" in found["message"] and "does-not-exist" in found["message"], found
+    finally:
+        gone("no-image")
+
+    # Less memory than `ray start` itself needs: Ray refuses to start (its object store's minimum) or
+    # the kernel kills it; either way the container restarts until the kubelet backs off.
+    job("too-small", workers=dict(SMALL_TRAINING["workers"], memoryPerWorker="160Mi"))
+    try:
         found = wait_for(
             lambda: reason("too-small", "OOMKilled", "CrashLoopBackOff"), 300, what="the worker's crash"
         )
         assert "pod too-small-" in found["message"] and "container ray-worker" in found["message"], found
         print(f"first problems: {found['message']}")
     finally:
-        try:
-            gone("no-image")
-        finally:
-            gone("too-small")
+        gone("too-small")
 
 
 def test_own_code_from_a_zip_served_inside_the_cluster(real_node, operator, kube: Kube) -> None:
