@@ -182,3 +182,12 @@ def test_render_ships_the_runtime_env_and_refuses_a_local_folder(tmp_path: Path,
     code, out, err = run(capsys, "render", "-f", str(path))
     assert (code, out) == (1, "")
     assert "spec.runtimeEnv: runtimeEnv.workingDir: in a cluster it must be a zip archive's URI" in err
+
+
+def test_operator_with_a_bad_setting_says_which_in_one_line_before_it_starts(capsys, monkeypatch) -> None:
+    """The operator's configuration is read when it starts (not at import): a bad RAYSHIP_* variable is
+    one line naming it, exit 1, before kopf or any API call."""
+    monkeypatch.setenv("RAYSHIP_WORKERS", "abc")
+    code, _, err = run(capsys, "operator")
+    assert code == 1
+    assert err.strip().splitlines() == [err.strip()] and "RAYSHIP_WORKERS" in err and "Traceback" not in err
