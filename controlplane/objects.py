@@ -287,7 +287,11 @@ def helm_install_rayship(paths: Paths, state: State) -> None:
 
 def _chart_values(node_runs: bool) -> dict[str, Any]:
     """What `helm install` is given beyond the chart's defaults: where real-0 runs, the operator's pod
-    runs there (from the image `make images` built) and Ray pods default to the CPU workload image."""
+    runs there (from the image `make images` built) and Ray pods default to the CPU workload image.
+
+    Ray pods get no CPU limit (`cpuLimits: false`): on real-0's 2 CPUs they request fractions, and
+    capped at them a Ray head starting up or a worker importing torch ran at half a CPU while the
+    node sat ~50% idle (host CPU sampled over the DDP scenario)."""
     if not node_runs:
         return {}
     from rayship import __version__
@@ -296,5 +300,5 @@ def _chart_values(node_runs: bool) -> dict[str, Any]:
         "image": {"pullPolicy": "Never"},  # imported into the node's containerd, never pulled
         "nodeSelector": dict([realnode.LABEL]),
         "tolerations": [realnode.TOLERATION],
-        "defaults": {"workloadImage": WORKLOAD_IMAGE_CPU.format(version=__version__)},
+        "defaults": {"workloadImage": WORKLOAD_IMAGE_CPU.format(version=__version__), "cpuLimits": False},
     }

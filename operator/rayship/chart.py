@@ -50,6 +50,11 @@ class Defaults(Values):
     gpuNodeSelector: dict[str, str] = Field(
         default_factory=dict, description="Node labels every GPU pod must match."
     )
+    cpuLimits: bool = Field(
+        OperatorConfig.model_fields["cpu_limits"].default,
+        description="Ray pods' CPU limit equals their request (Guaranteed QoS); false: requested, not "
+        "capped (Burstable: idle CPU of the node may be used). Memory and GPU limits stay.",
+    )
 
 
 class ServiceMonitor(Values):

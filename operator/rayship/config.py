@@ -50,6 +50,13 @@ class OperatorConfig(BaseModel):
     gpu_node_selector: dict[str, str] = Field(
         default_factory=dict, description="Node labels every GPU pod must match (JSON object)."
     )
+    cpu_limits: bool = Field(
+        True,
+        description="Ray pods get a CPU limit equal to their request (Guaranteed QoS: a pod never runs "
+        "on CPU another pod asked for). false: CPU is requested, not capped (Burstable QoS): a pod may "
+        "use CPU the node leaves idle, as a Ray head starting up or a worker importing torch does. "
+        "Memory and GPU limits stay either way.",
+    )
     run_as_user: int = Field(1000, ge=1, description="Non-root UID of the Ray containers (ray image: 1000).")
     metrics_port: int = Field(
         0, ge=0, le=65535, description="Prometheus metrics port of the operator (0: off)."

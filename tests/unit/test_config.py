@@ -24,6 +24,7 @@ def test_variables_are_read_with_json_for_lists_and_objects(monkeypatch) -> None
     monkeypatch.setenv("rayship_resync_seconds", "7")  # case-insensitive, as pydantic-settings reads
     monkeypatch.setenv("RAYSHIP_GPU_NODE_SELECTOR", '{"pool": "a100"}')
     monkeypatch.setenv("RAYSHIP_RAY_TOKEN_KEY", "k")
+    monkeypatch.setenv("RAYSHIP_CPU_LIMITS", "false")  # as the chart's template quotes a bool
     config = from_environment()
     assert type(config) is OperatorConfig
     assert config == OperatorConfig(
@@ -31,6 +32,7 @@ def test_variables_are_read_with_json_for_lists_and_objects(monkeypatch) -> None
         resync_seconds=7,
         gpu_node_selector={"pool": "a100"},
         ray_token_key=SecretStr("k"),
+        cpu_limits=False,
     )
 
 

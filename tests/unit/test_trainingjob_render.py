@@ -286,6 +286,24 @@ def test_operator_config_changes_defaults() -> None:
     assert "tolerations" not in spec and spec["nodeSelector"] == {"pool": "gpu"}
 
 
+def test_without_cpu_limits_every_ray_pod_requests_cpu_uncapped_and_keeps_its_other_limits() -> None:
+    """`cpuLimits: false` (chart): Burstable pods that may use CPU the node leaves idle; KubeRay
+    still gives Ray the request as num-cpus (its fallback when there is no limit)."""
+    capped = rendered(SAMPLES / "trainingjob-ddp.yaml")
+    uncapped = rendered(SAMPLES / "trainingjob-ddp.yaml", CONFIG.model_copy(update={"cpu_limits": False}))
+    for rayjob, cpu_limited in ((capped, True), (uncapped, False)):
+        cluster = rayjob["spec"]["rayClusterSpec"]
+        for group in (cluster["headGroupSpec"], *cluster["workerGroupSpecs"]):
+            (container,) = group["template"]["spec"]["containers"]
+            requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+            assert ("cpu" in limits) is cpu_limited and "cpu" in requests
+            assert {k: v for k, v in limits.items() if k != "cpu"} == {
+                k: v for k, v in requests.items() if k != "cpu"
+            }
+    gpus = worker_group(uncapped)["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert gpus[CONFIG.gpu_resource] == "1" and "memory" in gpus
+
+
 def test_no_env_value_travels_in_the_entrypoint_or_the_annotation() -> None:
     """The entrypoint shows in Ray's job list and dashboard, the annotation to anyone who reads the
     RayJob: env values stay in the pod spec (where a Secret reference belongs)."""

@@ -90,18 +90,21 @@ def pod_template(
     priority_class: str | None = None,
     service_account: str | None = None,
 ) -> dict[str, Any]:
-    """A Ray pod: limits == requests (GPUs included), a memory-backed /dev/shm, non-root."""
+    """A Ray pod: limits == requests (GPUs included; CPU unless `config.cpu_limits` is off), a
+    memory-backed /dev/shm, non-root."""
     resources: dict[str, str] = {"cpu": cpu_quantity(cpus), "memory": memory}
     if gpus:
         resources[config.gpu_resource] = str(gpus)
+    # limits == requests: Guaranteed QoS, and GPUs must be requested as limits anyway. Without a CPU
+    # limit KubeRay still gives Ray the request as num-cpus, so Ray schedules the same.
+    limits = {key: value for key, value in resources.items() if key != "cpu" or config.cpu_limits}
     pod: dict[str, Any] = {
         "securityContext": pod_security_context(config),
         "containers": [
             {
                 "name": container,
                 "image": image,
-                # limits == requests: Guaranteed QoS, and GPUs must be requested as limits anyway
-                "resources": {"limits": dict(resources), "requests": dict(resources)},
+                "resources": {"limits": limits, "requests": dict(resources)},
                 "env": env,
                 # /dev/shm in memory: NCCL and DataLoader workers need more than Docker's 64 MB
                 "volumeMounts": [{"name": names.SHM_VOLUME, "mountPath": "/dev/shm"}, *volumes[1]],
