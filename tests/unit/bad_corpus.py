@@ -233,6 +233,19 @@ SPEC_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
         "epochs and batchSizePerWorker ranges start at 1",
     ),
     (
+        "tune-batch-size-as-floats",
+        _set(
+            "spec.tuning",
+            {"searchSpace": {"batchSizePerWorker": {"distribution": "uniform", "low": 16.0, "high": 64.0}}},
+        ),
+        "tuning.searchSpace.batchSizePerWorker: batchSizePerWorker is a whole number; use distribution randint",
+    ),
+    (
+        "tune-epochs-as-floats",
+        _set("spec.tuning", {"searchSpace": {"epochs": {"distribution": "loguniform", "low": 1, "high": 8}}}),
+        "tuning.searchSpace.epochs: epochs is a whole number",
+    ),
+    (
         "tune-randint-floats",
         _set(
             "spec.tuning", {"searchSpace": {"config.h": {"distribution": "randint", "low": 0.5, "high": 3.5}}}
@@ -478,6 +491,9 @@ RAYSHIP_ONLY_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
 ]
 
 # Documents the CLI must reject before any field is looked at: (id, file text, expected message part)
+_TJ = "apiVersion: rayship.dev/v1alpha1\nkind: TrainingJob\n"
+_SPEC = "spec:\n  workers: {replicas: 1}\n  trainer:\n    recipe: mlp\n"
+
 TEXT_CASES: list[tuple[str, str, str]] = [
     (
         "duplicate-key",
@@ -503,6 +519,24 @@ TEXT_CASES: list[tuple[str, str, str]] = [
     ("not-yaml", "apiVersion: [unclosed\n", "not valid YAML at line"),
     ("empty-file", "", "no documents found"),
     ("only-comments", "# nothing here\n", "no documents found"),
+    # metadata as the API server takes it: a namespace is a DNS-1123 label; YAML tags make no JSON
+    *(
+        (f"namespace-{case}", f"{_TJ}metadata:\n  name: x\n  namespace: {value}\n{_SPEC}", "metadata.namespace: ")
+        for case, value in (
+            ("empty", '""'),
+            ("10k-chars", "a" * 10_000),
+            ("emoji", '"\U0001f600"'),
+            ("nul", '"a\\0b"'),
+            ("spaces", '"my team"'),
+            ("upper-case", "Team"),
+        )
+    ),
+    (
+        "name-binary-tag",
+        f"{_TJ}metadata:\n  name: !!binary bWxwLWRkcA==\n{_SPEC}",
+        "metadata.name: a !!binary value is not JSON: write it as a plain string",
+    ),
+    ("config-set-tag", f"{_TJ}metadata: {{name: x}}\n{_SPEC}    config: !!set {{a, b}}\n", "spec.trainer.config: a !!set"),
     ("a-list", "- a\n- b\n", "expected a mapping"),
     ("a-scalar", "hello\n", "expected a mapping"),
     (

@@ -141,6 +141,17 @@ def test_yaml_numbers_are_read_as_kubernetes_reads_them(tmp_path: Path, capsys) 
     assert '"learningRate":2e-05' in rayjob["spec"]["entrypoint"]
 
 
+def test_an_unquoted_date_is_a_string_as_kubernetes_reads_it(tmp_path: Path, capsys) -> None:
+    """PyYAML makes `2026-01-01` a date, which no JSON field holds; the API server keeps the string."""
+    doc = yaml.safe_load(SAMPLE.read_text())
+    doc["spec"]["trainer"]["config"] = {"dataset_date": "DATE"}
+    path = tmp_path / "dated.yaml"
+    path.write_text(yaml.safe_dump(doc).replace("DATE", "2026-01-01"))
+    code, out, err = run(capsys, "render", "-f", str(path), "-o", "json")
+    assert code == 0, err
+    assert '"dataset_date":"2026-01-01"' in json.loads(out)["items"][-1]["spec"]["entrypoint"]
+
+
 def test_serve_with_a_wrong_model_uri_is_explained_before_ray_starts(tmp_path: Path, capsys) -> None:
     pytest.importorskip("ray", reason="the workload stack is not installed: run `make setup`")
     code, _, err = run(capsys, "serve", "--model", str(tmp_path / "absent"))

@@ -269,8 +269,10 @@ class ObjectMeta(BaseModel):
     """The part of metadata that rayship reads; the rest is kept as-is."""
 
     model_config = ConfigDict(extra="allow")
-    name: str = Field(..., min_length=1)
-    namespace: str | None = None
+    # strict: a name is a string as written, not bytes a YAML tag made (yamlio refuses those first)
+    name: str = Field(..., min_length=1, strict=True)
+    # what the API server takes: a namespace is a DNS-1123 label (omit it for the context's own)
+    namespace: str | None = Field(None, max_length=63, pattern=DNS1123_LABEL_PATTERN, strict=True)
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
 

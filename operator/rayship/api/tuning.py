@@ -118,6 +118,15 @@ class TuningSpec(ApiModel):
             "|| !has(self.searchSpace[k].low) || self.searchSpace[k].low >= 1.0)",
             "epochs and batchSizePerWorker ranges start at 1 or more",
         ),
+        *(
+            CelRule(
+                f"!('{key}' in self.searchSpace) "
+                f"|| self.searchSpace.{key}.distribution in ['randint', 'choice', 'grid']",
+                f"tuning.searchSpace.{key}: {key} is a whole number; use distribution randint (or "
+                "choice/grid with whole numbers), not uniform or loguniform (floats)",
+            )
+            for key in ("epochs", "batchSizePerWorker")
+        ),
         CelRule(
             "!('learningRate' in self.searchSpace) || !has(self.searchSpace.learningRate.low) "
             "|| self.searchSpace.learningRate.low > 0.0",

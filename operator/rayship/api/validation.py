@@ -82,6 +82,12 @@ def _allowed(model: type[BaseModel] | None) -> list[str]:
     return [f.alias or n for n, f in model.model_fields.items()] if model else []
 
 
+def shown(value: Any, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters: an error line stays one line whatever was given."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
 def _describe(model: type[BaseModel], error: Mapping[str, Any]) -> str:
     loc = tuple(error["loc"])
     path = field_path(loc) or model.__name__
@@ -95,12 +101,12 @@ def _describe(model: type[BaseModel], error: Mapping[str, Any]) -> str:
         return f"{path}: required field is missing"
     if kind == "string_pattern_mismatch":
         pattern = error.get("ctx", {}).get("pattern", "")
-        return f"{path}: {value!r} is not valid: expected {PATTERN_HINTS.get(pattern, f'to match {pattern}')}"
+        return f"{path}: {shown(value)} is not valid: expected {PATTERN_HINTS.get(pattern, f'to match {pattern}')}"
     if kind == "value_error":
         return f"{path}: {error['msg'].removeprefix('Value error, ')}"
     if kind in ("model_type", "model_attributes_type", "dict_type"):
-        return f"{path}: expected a mapping of fields, got {type(value).__name__} {value!r}"
-    return f"{path}: {error['msg'][0].lower()}{error['msg'][1:]} (got {value!r})"
+        return f"{path}: expected a mapping of fields, got {type(value).__name__} {shown(value)}"
+    return f"{path}: {error['msg'][0].lower()}{error['msg'][1:]} (got {shown(value)})"
 
 
 def problems(model: type[BaseModel], err: ValidationError) -> list[str]:
@@ -110,9 +116,16 @@ def problems(model: type[BaseModel], err: ValidationError) -> list[str]:
 INT64 = (-(2**63), 2**63 - 1)
 
 
-def _fits_int64(value: Any) -> bool:
-    """Whether every integer in a document fits in int64: the quick check (no paths built) before
-    `_out_of_int64` names the ones that do not."""
+# What YAML's explicit tags make that JSON (what the API server stores) has no type for, and the fix.
+_NOT_JSON = {
+    bytes: "a !!binary value is not JSON: write it as a plain string",
+    set: "a !!set is not JSON: write a list",
+}
+
+
+def _storable(value: Any) -> bool:
+    """Whether a document holds only JSON values, every integer within int64: the quick check (no
+    paths built) before `_unstorable` names what is not."""
     low, high = INT64
     stack = [value]
     while stack:
@@ -125,30 +138,29 @@ def _fits_int64(value: Any) -> bool:
         elif kind is int:
             if not low <= item <= high:
                 return False
-        elif kind in (str, float, bool, type(None)):
-            continue
-        elif isinstance(item, Mapping):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, int) and not isinstance(item, bool) and not low <= item <= high:
-            return False
+        elif kind not in (str, float, bool, type(None)):
+            return False  # a subclass, or what a YAML tag made: `_unstorable` looks closer
     return True
 
 
-def _out_of_int64(value: Any, path: str) -> Iterator[str]:
-    """Paths of integers Kubernetes cannot store (int64), anywhere in a document."""
+def _unstorable(value: Any, path: str) -> Iterator[str]:
+    """What Kubernetes cannot store, anywhere in a document, by path: integers beyond int64 and
+    values a YAML tag made that are not JSON (!!binary, !!set, !!timestamp)."""
     stack = [(value, path)]
     while stack:
         item, where = stack.pop()
-        if isinstance(item, bool):
+        if isinstance(item, bool | str | float | None):
             continue
-        if isinstance(item, int) and not INT64[0] <= item <= INT64[1]:
-            yield f"{where}: integer out of range: it must fit in 64 bits (-2^63 to 2^63-1)"
+        if isinstance(item, int):
+            if not INT64[0] <= item <= INT64[1]:
+                yield f"{where}: integer out of range: it must fit in 64 bits (-2^63 to 2^63-1)"
         elif isinstance(item, Mapping):
             stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in item.items())
         elif isinstance(item, list):
             stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+        else:
+            fix = _NOT_JSON.get(type(item), f"a {type(item).__name__} (from a YAML tag) is not JSON: quote it")
+            yield f"{where}: {fix}"
 
 
 def parse(doc: Any, *, local: bool = False, admitted: bool = False) -> api.ApiModel:
@@ -169,15 +181,14 @@ def parse(doc: Any, *, local: bool = False, admitted: bool = False) -> api.ApiMo
     given = doc.get("kind")
     kind = api.KIND_BY_NAME.get(given) if isinstance(given, str) else None
     if kind is None:
-        shown = repr(given) if len(repr(given)) < 80 else f"{repr(given)[:77]}..."
-        raise SpecError([f"kind: {shown} is not a rayship kind; expected one of: {kinds}"])
+        raise SpecError([f"kind: {shown(given, 80)} is not a rayship kind; expected one of: {kinds}"])
     if doc.get("apiVersion") != api.API_VERSION:
         raise SpecError(
             [f"apiVersion: {doc.get('apiVersion')!r} is not served; use apiVersion: {api.API_VERSION}"]
         )
-    huge = [] if _fits_int64(doc) else sorted(_out_of_int64(doc, ""))
-    if huge:
-        raise SpecError(huge)
+    unstorable = [] if _storable(doc) else sorted(_unstorable(doc, ""))
+    if unstorable:
+        raise SpecError(unstorable)
     try:
         return kind.model.model_validate(doc, context={"local": local, "admitted": admitted})
     except ValidationError as err:

@@ -5,6 +5,8 @@ Reading is strict and bounded, as `kubectl apply` in strict mode would be:
 - YAML 1.2 numbers, so `2e-5` is a float (PyYAML, following YAML 1.1, would make it the string
   "2e-5" and strict validation would then reject it);
 - a key given twice in one mapping is an error (not "the last one wins");
+- an unquoted date is a string, as the API server reads it (explicit tags such as !!binary are
+  left to `validation.parse`, which names the field they are in);
 - the input size, the number of aliases (no "billion laughs") and the nesting depth are bounded;
 - libyaml's C parser where it is installed (a large file parses ~10x faster).
 """
@@ -75,6 +77,13 @@ Loader.add_implicit_resolver(
     re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
     list("-+0123456789"),
 )
+# An unquoted date stays a string, as the API server reads it (sigs.k8s.io/yaml goes through JSON,
+# which has no date): a `datetime` here would be a value no rayship field takes. (The resolvers were
+# copied to Loader by the call above: SafeLoader keeps its own.)
+Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in Loader.yaml_implicit_resolvers.items()
+}
 # The C parser builds mappings through this constructor too.
 Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, Loader.construct_mapping)
 
