@@ -166,7 +166,9 @@ def test_ddp_trains_across_two_worker_pods_and_resumes_when_one_is_deleted(
     assert {p.spec.node_name for p in workers} == {realnode.NAME}
     assert len({p.status.pod_ip for p in workers}) == 2, "the two ranks are in two pods"
     # the chart's cpuLimits: false (cluster-up sets it for this 2-CPU node) reached the pods
-    assert {p.status.qos_class for p in workers} == {"Burstable"}, [p.spec.containers[0].resources for p in workers]
+    assert {p.status.qos_class for p in workers} == {"Burstable"}, [
+        p.spec.containers[0].resources for p in workers
+    ]
     ranks = {}
     for pod in workers:
         logs = cluster.kubectl("logs", "-n", kube.namespace, pod.metadata.name).stdout

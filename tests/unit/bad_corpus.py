@@ -521,7 +521,11 @@ TEXT_CASES: list[tuple[str, str, str]] = [
     ("only-comments", "# nothing here\n", "no documents found"),
     # metadata as the API server takes it: a namespace is a DNS-1123 label; YAML tags make no JSON
     *(
-        (f"namespace-{case}", f"{_TJ}metadata:\n  name: x\n  namespace: {value}\n{_SPEC}", "metadata.namespace: ")
+        (
+            f"namespace-{case}",
+            f"{_TJ}metadata:\n  name: x\n  namespace: {value}\n{_SPEC}",
+            "metadata.namespace: ",
+        )
         for case, value in (
             ("empty", '""'),
             ("10k-chars", "a" * 10_000),
@@ -536,7 +540,11 @@ TEXT_CASES: list[tuple[str, str, str]] = [
         f"{_TJ}metadata:\n  name: !!binary bWxwLWRkcA==\n{_SPEC}",
         "metadata.name: a !!binary value is not JSON: write it as a plain string",
     ),
-    ("config-set-tag", f"{_TJ}metadata: {{name: x}}\n{_SPEC}    config: !!set {{a, b}}\n", "spec.trainer.config: a !!set"),
+    (
+        "config-set-tag",
+        f"{_TJ}metadata: {{name: x}}\n{_SPEC}    config: !!set {{a, b}}\n",
+        "spec.trainer.config: a !!set",
+    ),
     ("a-list", "- a\n- b\n", "expected a mapping"),
     ("a-scalar", "hello\n", "expected a mapping"),
     (

@@ -662,7 +662,9 @@ def test_a_failed_deployment_says_the_replicas_own_error() -> None:
 def test_without_cpu_limits_cpu_is_requested_and_memory_and_gpus_stay_capped() -> None:
     """`cpuLimits: false` (chart) leaves every Ray pod Burstable: CPU requested, not capped."""
     doc = load()
-    uncapped = modelservice.desired_rayservice(parse(doc), CONFIG.model_copy(update={"cpu_limits": False}), URI)
+    uncapped = modelservice.desired_rayservice(
+        parse(doc), CONFIG.model_copy(update={"cpu_limits": False}), URI
+    )
     spec = uncapped["spec"]["rayClusterConfig"]
     pods = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
     for group in pods:
@@ -670,4 +672,6 @@ def test_without_cpu_limits_cpu_is_requested_and_memory_and_gpus_stay_capped() -
         requests, limits = container["resources"]["requests"], container["resources"]["limits"]
         assert "cpu" in requests and "cpu" not in limits
         assert limits == {key: value for key, value in requests.items() if key != "cpu"}
-    assert any(CONFIG.gpu_resource in g["template"]["spec"]["containers"][0]["resources"]["limits"] for g in pods)
+    assert any(
+        CONFIG.gpu_resource in g["template"]["spec"]["containers"][0]["resources"]["limits"] for g in pods
+    )

@@ -15,6 +15,7 @@ import functools
 import signal
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,13 +247,35 @@ def describe_failure(err: BaseException) -> tuple[str, bool]:
     return f"{type(failure).__name__}: {message}{where} on worker {rank}", False
 
 
-def latest_checkpoint(storage_root: str, name: str) -> str | None:
-    """The name of the run's newest checkpoint directory (epoch-NNNNN), if any."""
+class CheckpointStorageError(TrainingFailed):
+    """The run's checkpoint storage stayed unreadable: the attempt fails, naming the path and the
+    error, rather than starting over from epoch 0 beside checkpoints it could not see."""
+
+
+# A storage hiccup (an NFS server restarting, an object store's 503) is waited out, ~7.5 s in all. A
+# storage that stays unreadable fails the attempt: answering "no checkpoint" would restart training
+# from epoch 0, and with checkpoint.keep its new checkpoints would rotate the good ones out.
+LIST_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)
+
+
+def latest_checkpoint(
+    storage_root: str, name: str, *, sleep: Callable[[float], None] = time.sleep
+) -> str | None:
+    """The name of the run's newest checkpoint directory (epoch-NNNNN), None when the run has none
+    (its folder absent or empty); `CheckpointStorageError` when the storage cannot be listed."""
     fs, path = storage.filesystem(storage.join(storage_root, name))
-    try:
-        infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-    except OSError:
-        return None
+    for delay in (*LIST_RETRY_DELAYS, None):
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+            break
+        except OSError as err:
+            if delay is None:
+                raise CheckpointStorageError(
+                    f"checkpoint storage {path} cannot be listed ({len(LIST_RETRY_DELAYS) + 1} tries over "
+                    f"{sum(LIST_RETRY_DELAYS):g} s): {type(err).__name__}: {err}; training does not start "
+                    "over beside checkpoints it cannot see (fix the storage and run again)"
+                ) from None
+            sleep(delay)
     found = sorted(Path(i.path).name for i in infos if Path(i.path).name.startswith("epoch-"))
     return found[-1] if found else None
 

@@ -117,7 +117,7 @@ INT64 = (-(2**63), 2**63 - 1)
 
 
 # What YAML's explicit tags make that JSON (what the API server stores) has no type for, and the fix.
-_NOT_JSON = {
+_NOT_JSON: dict[type, str] = {
     bytes: "a !!binary value is not JSON: write it as a plain string",
     set: "a !!set is not JSON: write a list",
 }
@@ -159,7 +159,9 @@ def _unstorable(value: Any, path: str) -> Iterator[str]:
         elif isinstance(item, list):
             stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
         else:
-            fix = _NOT_JSON.get(type(item), f"a {type(item).__name__} (from a YAML tag) is not JSON: quote it")
+            fix = _NOT_JSON.get(
+                type(item), f"a {type(item).__name__} (from a YAML tag) is not JSON: quote it"
+            )
             yield f"{where}: {fix}"
 
 
