@@ -85,6 +85,8 @@ def start_operator(
             else [sys.executable, "-m", "rayship.cli", "operator", *args]
         )
         full_env = clean_env(paths, KUBECONFIG=str(kc), PYTHONUNBUFFERED="1", **env)
+        if os.environ.get("PYTHONPATH"):  # the caller's sources (a git worktree's), not the venv's install
+            full_env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         full_env["PATH"] = f"{VENV_BIN}:{full_env['PATH']}"
         proc = spawn_process("rayship-operator", argv, paths, full_env)
         state.procs["rayship-operator"] = proc

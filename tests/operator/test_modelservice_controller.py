@@ -3,6 +3,8 @@ strict field validation, a RayCluster made by the real KubeRay, and real garbage
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from rayship import api
@@ -63,3 +65,32 @@ def test_waits_for_its_trainingjob_then_kuberay_builds_the_serving_cluster(kube:
     kube.delete(MS, "mlp")
     wait_for(lambda: kube.get(RS, "mlp") is None, 90, what="the RayService garbage-collected")
     wait_for(lambda: kube.get(RAYCLUSTERS, cluster) is None, 90, what="its RayCluster deleted")
+
+
+def test_a_planted_token_secret_is_never_used(kube: Kube, operator) -> None:
+    """Someone who may create (not read) Secrets in the namespace plants one under the name the token
+    Secret once had. The operator never reads Secrets, so it could not tell that Secret from its own:
+    its Ray pods would have taken the planted token, and with it the dashboard's job API. The token
+    Secret's name is now derived from the operator's key and the ModelService's UID."""
+    kube.pvc()
+    planted_token = "planted-by-someone-else"
+    for name in {"mlp-ray-token", f"{names.rayservice_name('mlp')}-ray-token"}:
+        kube.core.create_namespaced_secret(
+            kube.namespace,
+            {"metadata": {"name": name}, "stringData": {names.RAY_TOKEN_KEY: planted_token}},
+        )
+    kube.create(MS, sample("mlp", "kind-modelservice-cpu.yaml", model={"uri": "/mnt/models/mlp"}))
+    rayservice = wait_for(lambda: kube.get(RS, names.rayservice_name("mlp")), 60, what="the RayService")
+    secret_name = rayservice["spec"]["rayClusterConfig"]["authOptions"]["secretName"]
+    assert secret_name != "mlp-ray-token", "the planted Secret's name"
+    # The test may read Secrets: the one the RayService names is the operator's, owned by the
+    # ModelService, with the operator's own token; the planted one is left as it was.
+    secret = kube.core.read_namespaced_secret(secret_name, kube.namespace)
+    (owner,) = secret.metadata.owner_references
+    assert (owner.kind, owner.uid) == ("ModelService", kube.get(MS, "mlp")["metadata"]["uid"])
+    token = base64.b64decode(secret.data[names.RAY_TOKEN_KEY]).decode()
+    assert token != planted_token and len(token) == 64
+    planted = kube.core.read_namespaced_secret("mlp-ray-token", kube.namespace)
+    assert planted.metadata.owner_references is None
+    kube.delete(MS, "mlp")
+    wait_for(lambda: kube.get(RS, "mlp") is None, 90, what="the RayService garbage-collected")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -477,7 +478,13 @@ def test_the_ray_token_secret_is_made_before_the_rayservice() -> None:
     assert todo.create is not None
     (secret,) = todo.prerequisites
     name = todo.create["spec"]["rayClusterConfig"]["authOptions"]["secretName"]
-    assert secret["kind"] == "Secret" and secret["metadata"]["name"] == name == "mlp-ray-token"
+    assert secret["kind"] == "Secret" and secret["metadata"]["name"] == name
+    # unguessable: derived from the operator's key and the ModelService's UID, never `<name>-ray-token`
+    assert re.fullmatch(r"mlp-ray-token-[0-9a-f]{12}", name), name
+    other_key = modelservice.token_secret_name(parse(load()), OperatorConfig(ray_token_key="another-key"))
+    recreated = load()
+    recreated["metadata"]["uid"] = "ms-2"  # a namesake made after the first was deleted
+    assert len({name, other_key, modelservice.token_secret_name(parse(recreated), CONFIG)}) == 3
     token = secret["stringData"]["auth_token"]
     assert token == modelservice.ray_token(CONFIG, "default", "mlp") and len(token) == 64
     assert token not in json.dumps(todo.create)  # only by reference in the RayService

@@ -70,10 +70,11 @@ def rayservice_name(modelservice_name: str) -> str:
     return dns1035_name(modelservice_name, MAX_RAYJOB_NAME)  # KubeRay: RayService names <= 47 too
 
 
-def ray_token_secret(rayservice: str) -> str:
+def ray_token_secret(rayservice: str, tag: str) -> str:
     """The Secret holding the Ray auth token of a RayService's clusters (`authOptions.secretName`):
-    made by the operator, so it can read Serve's own state from the dashboard without reading Secrets."""
-    return dns1035_name(f"{rayservice}-ray-token", 63)
+    made by the operator, so it can read Serve's own state from the dashboard without reading Secrets.
+    `tag` is what makes the name unguessable (the controller derives it from its key)."""
+    return dns1035_name(f"{rayservice}-ray-token-{tag}", 63)
 
 
 # In the operator's namespace: the key every Ray token of a ModelService is derived from.

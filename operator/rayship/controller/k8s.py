@@ -165,9 +165,9 @@ def ensure(body: Mapping[str, Any], owner: Mapping[str, Any]) -> None:
         if any(e.status != 409 for e in err.api_exceptions):
             raise
     if body["kind"] == "Secret":
-        # The operator may create Secrets but never read one. A Secret of that name stays as it is: one
-        # made by this operator holds the same derived token; anyone else's shows as the Ray dashboard
-        # refusing the operator's token (said in the status).
+        # The operator may create Secrets but never read one. A Secret of that name is this operator's:
+        # the name is derived from its key (serve_probe.token_secret_name), so nobody else can have made
+        # it first, and it holds the same derived token.
         return
     existing = _read_core(body)
     how = ownership(existing, owner)

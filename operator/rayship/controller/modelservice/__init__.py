@@ -63,6 +63,7 @@ from rayship.controller.modelservice.serve_probe import (
     serve_probe,
     serve_state,
     token_secret,
+    token_secret_name,
 )
 from rayship.controller.modelservice.source import (
     KEPT_REASONS,
@@ -109,6 +110,7 @@ __all__ = [
     "desired_rayservice",
     "ray_token",
     "token_secret",
+    "token_secret_name",
     "ServeState",
     "SERVE_APPLICATIONS",
     "serve_probe",

@@ -17,6 +17,7 @@ from rayship.api.yamlio import canonical_json
 from rayship.config import OperatorConfig
 from rayship.controller import pods
 from rayship.controller.modelservice.engines import Model, serve_config
+from rayship.controller.modelservice.serve_probe import token_secret_name
 
 ModelVolumes = api.PvcStorage | tuple[api.PvcStorage, ...] | None  # the models' PVCs
 
@@ -46,9 +47,10 @@ def ray_cluster_config(
         pods.pod_template, config, image=spec.image or config.default_image, labels=labels,
         volumes=model_volumes(volume),
     )  # fmt: skip
-    # The token lives in a Secret the operator makes (not KubeRay's own): the operator derives the same
-    # token to read Serve's state from the dashboard, and never needs to read a Secret.
-    auth = {"mode": "token", "secretName": names.ray_token_secret(names.rayservice_name(ms.metadata.name))}
+    # The token lives in a Secret the operator makes (not KubeRay's own), under a name nobody else can
+    # know: the operator derives the same token to read Serve's state from the dashboard, and never
+    # needs to read a Secret.
+    auth = {"mode": "token", "secretName": token_secret_name(ms, config)}
 
     def env(gpus: int) -> list[dict[str, Any]]:
         return pods.container_env(ref, gpus, spec.env, names.ENV_MODELSERVICE)

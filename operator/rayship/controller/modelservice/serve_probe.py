@@ -32,6 +32,20 @@ def ray_token(config: OperatorConfig, namespace: str, rayservice: str) -> str:
     return hmac.new(key, f"ray-token/{namespace}/{rayservice}".encode(), hashlib.sha256).hexdigest()
 
 
+def token_secret_name(ms: api.ModelService, config: OperatorConfig) -> str:
+    """The name of the token Secret: `<rayservice>-ray-token-<tag>`, the tag derived from the operator's
+    key and the ModelService's UID. Nobody can make a Secret of that name before the operator does:
+    creating it is all the operator ever does (it never reads a Secret), so a Secret planted under a
+    predictable name would have handed its token, known to whoever planted it, to every Ray pod and
+    so the dashboard's job API (arbitrary code in the cluster). Offline (`rayship render`, no key) the
+    tag is derived from an empty key: the operator's differs."""
+    key = config.ray_token_key.get_secret_value().encode() if config.ray_token_key else b""
+    namespace = ms.metadata.namespace or "default"
+    uid = str(getattr(ms.metadata, "uid", None) or "")
+    tag = hmac.new(key, f"ray-token-secret/{namespace}/{ms.metadata.name}/{uid}".encode(), hashlib.sha256)
+    return names.ray_token_secret(names.rayservice_name(ms.metadata.name), tag.hexdigest()[:12])
+
+
 def token_secret(ms: api.ModelService, config: OperatorConfig) -> dict[str, Any]:
     """The Secret `authOptions.secretName` names: KubeRay hands its token to every Ray pod."""
     namespace = ms.metadata.namespace or "default"
@@ -40,7 +54,7 @@ def token_secret(ms: api.ModelService, config: OperatorConfig) -> dict[str, Any]
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {
-            "name": names.ray_token_secret(rayservice),
+            "name": token_secret_name(ms, config),
             "namespace": namespace,
             "labels": names.labels("ModelService", ms.metadata.name, "serving"),
         },
