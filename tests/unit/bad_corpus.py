@@ -232,6 +232,27 @@ SPEC_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
         _set("spec.tuning", {"searchSpace": {"epochs": {"distribution": "randint", "low": 0, "high": 5}}}),
         "epochs and batchSizePerWorker ranges start at 1",
     ),
+    # a credential in a URI is readable by anyone who may read the object (and on Ray's dashboard)
+    (
+        "credential-in-tracking-uri",
+        _set("spec.tracking", {"mlflow": {"trackingUri": "https://alice:s3cret@mlflow.example.com"}}),
+        "tracking.mlflow.trackingUri: a credential in the URI",
+    ),
+    (
+        "credential-in-data-uri",
+        _set("spec.data", {"source": "uri", "uri": "s3://AKIAEXAMPLE:wJalrXUtnFEMI@bucket/train.parquet"}),
+        "data.uri: a credential in the URI",
+    ),
+    (
+        "token-in-working-dir",
+        _set("spec.runtimeEnv", {"workingDir": "https://ghp_abc123@example.com/code.zip"}),
+        "runtimeEnv.workingDir: a credential in the URI",
+    ),
+    (
+        "credential-in-checkpoint-uri",
+        _set("spec.checkpoint.storage", {"uri": "s3://key:secret@bucket/ckpt"}),
+        "checkpoint.storage.uri: a credential in the URI",
+    ),
     (
         "tune-batch-size-as-floats",
         _set(

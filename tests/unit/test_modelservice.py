@@ -219,6 +219,11 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("head-bad-memory", {"head": {"memory": "lots"}}, "spec.head.memory"),
     ("head-cpus-below-1m", {"head": {"cpus": 0.0001}}, "spec.head.cpus"),
     ("head-memory-below-64mi", {"head": {"memory": "100Ki"}}, "memory must be at least 64Mi"),
+    (
+        "credential-in-model-uri",
+        {"model": {"uri": "https://hf_token123@models.example.com/llama"}},
+        "model.uri: a credential in the URI",
+    ),
 ]
 
 

@@ -74,6 +74,18 @@ class CelRule:
         return {"rule": self.rule, "message": self.message}
 
 
+def no_credentials_rule(field: str, path: str) -> CelRule:
+    """A URI field holds no credential (`user:password@` or `token@`): the object, and the RayJob or
+    RayService made from it, are readable by anyone who may `get` them, and Ray shows the job's entrypoint
+    on its dashboard. Credentials reach the workload by reference, as environment variables."""
+    return CelRule(
+        f"!has(self.{field}) || !self.{field}.matches('^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*@')",
+        f"{path}: a credential in the URI (user:password@ or token@) is readable by anyone who can read "
+        "this object; remove it and give it by reference: spec.env[].valueFrom.secretKeyRef (e.g. "
+        "MLFLOW_TRACKING_PASSWORD, AWS_SECRET_ACCESS_KEY)",
+    )
+
+
 def data_uri_rule(field: str) -> CelRule:
     """In a cluster, data is read from an absolute path (a mounted volume) or a URI; a relative path
     only from the job's own runtimeEnv.workingDir (as `rayship run` reads it beside the YAML file)."""

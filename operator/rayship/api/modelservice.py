@@ -25,6 +25,7 @@ from rayship.api.common import (
     Tolerations,
     cpu_rule,
     memory_rule,
+    no_credentials_rule,
     sub,
 )
 from rayship.api.trainingjob import HeadSpec, PvcStorage, RuntimeEnvSpec, TrainingJob
@@ -47,6 +48,7 @@ class ModelSource(ApiModel):
     """Where the model comes from: a TrainingJob, or an exported model's URI."""
 
     cel_rules: ClassVar = (
+        no_credentials_rule("uri", "model.uri"),
         CelRule(
             "has(self.fromTrainingJob) != has(self.uri)",
             "set exactly one of fromTrainingJob or uri (in spec.model, or in each entry of spec.models)",
@@ -56,6 +58,7 @@ class ModelSource(ApiModel):
     uri: str | None = Field(
         None,
         min_length=1,
+        max_length=2048,
         description="An exported model (rayship serving layout): a path, PVC path or s3:// prefix.",
     )
 

@@ -33,6 +33,7 @@ from rayship.api.common import (
     cpu_rule,
     data_uri_rule,
     memory_rule,
+    no_credentials_rule,
     sub,
 )
 from rayship.api.trainer import TrackingSpec, TrainerSpec
@@ -45,6 +46,7 @@ class ValidationDataSpec(ApiModel):
     """Held-out data evaluated after every epoch (`evalLoss`, and `perplexity` for causal-lm)."""
 
     cel_rules: ClassVar = (
+        no_credentials_rule("uri", "data.validation.uri"),
         CelRule(
             "has(self.fraction) != has(self.uri)",
             "set exactly one of data.validation.fraction (a share of the training data) or data.validation.uri",
@@ -63,7 +65,10 @@ class ValidationDataSpec(ApiModel):
         description="Hold out this share of the training data (seeded split), e.g. 0.1.",
     )
     uri: str | None = Field(
-        None, min_length=1, description="Local/PVC path or s3:// URI of separate validation data."
+        None,
+        min_length=1,
+        max_length=2048,
+        description="Local/PVC path or s3:// URI of separate validation data.",
     )
     format: DATA_FORMATS | None = Field(
         None, description="File format of uri; inferred from its extension when omitted."
@@ -74,6 +79,7 @@ class DataSpec(ApiModel):
     """Training data, read through Ray Data and sharded across workers."""
 
     cel_rules: ClassVar = (
+        no_credentials_rule("uri", "data.uri"),
         CelRule(
             "(self.source == 'uri') == has(self.uri)",
             "data.uri is required when source is uri, and only then",
@@ -93,6 +99,7 @@ class DataSpec(ApiModel):
     uri: str | None = Field(
         None,
         min_length=1,
+        max_length=2048,
         description="Local/PVC path or s3:// URI of the training data (source: uri).",
     )
     format: DATA_FORMATS | None = Field(
@@ -150,11 +157,13 @@ class CheckpointStorage(ApiModel):
     """Where checkpoints live: a PVC or an object-store URI."""
 
     cel_rules: ClassVar = (
+        no_credentials_rule("uri", "checkpoint.storage.uri"),
         CelRule("has(self.pvc) != has(self.uri)", "set exactly one of checkpoint.storage.pvc or .uri"),
     )
     pvc: PvcStorage | None = Field(None, description="A PersistentVolumeClaim mounted on every pod.")
     uri: str | None = Field(
         None,
+        max_length=2048,
         pattern=r"^(s3|gs|abfs|hdfs)://.+",
         description="Object-store URI (s3://, gs://, abfs://, hdfs://); credentials via env.",
     )
@@ -218,6 +227,7 @@ class RuntimeEnvSpec(ApiModel):
     """Code and packages shipped with the job (Ray's runtime environment) instead of baked into an image."""
 
     cel_rules: ClassVar = (
+        no_credentials_rule("workingDir", "runtimeEnv.workingDir"),
         CelRule(
             "!has(self.workingDir) || self.workingDir.matches('"
             + WORKING_DIR_URI_PATTERN.replace("\\", "\\\\")
