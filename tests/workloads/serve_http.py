@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import urllib.error
@@ -69,3 +70,20 @@ def sse_events(chunks: list[bytes]) -> list[bytes]:
         assert chunk.endswith(b"\n\n"), f"a chunk ends inside an event: {chunk!r}"
         out.extend(event + b"\n\n" for event in chunk[:-2].split(b"\n\n"))
     return out
+
+
+def declared_but_not_sent(url: str, length: int) -> tuple[int, dict[str, Any]]:
+    """POST that declares a `length`-byte body and sends only its first KiB: the answer must come from
+    the Content-Length alone (a server that read the body would wait, and time out)."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    try:
+        conn.putrequest("POST", parts.path)
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(length))
+        conn.endheaders()
+        conn.send(b'{"instances": [' + b" " * 1024)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()

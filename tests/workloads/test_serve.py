@@ -6,7 +6,6 @@ One Serve instance per module (a free loopback port): an MLP app under /tabular 
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 import urllib.error
@@ -23,7 +22,7 @@ import torch
 from rayship.api import ServeArgs
 from rayship_workloads import models, recipes
 from rayship_workloads.serve import app_builder, serve_locally
-from tests.workloads.serve_http import call, free_port
+from tests.workloads.serve_http import call, declared_but_not_sent, free_port
 
 pytestmark = pytest.mark.workloads
 
@@ -234,23 +233,6 @@ def test_rows_at_the_row_limit_are_served(limited_server: str) -> None:
     status, body = call("POST", f"{limited_server}/predict", {"instances": [GOOD_ROW] * LIMIT_ROWS})
     assert status == 200, body
     assert len(body["predictions"]) == LIMIT_ROWS
-
-
-def declared_but_not_sent(url: str, length: int) -> tuple[int, dict[str, Any]]:
-    """POST that declares a `length`-byte body and sends only its first KiB: the answer must come from
-    the Content-Length alone (a server that read the body would wait, and time out)."""
-    parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
-    try:
-        conn.putrequest("POST", parts.path)
-        conn.putheader("Content-Type", "application/json")
-        conn.putheader("Content-Length", str(length))
-        conn.endheaders()
-        conn.send(b'{"instances": [' + b" " * 1024)
-        response = conn.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        conn.close()
 
 
 def test_default_limits(server: str) -> None:

@@ -6,6 +6,11 @@ Nothing is downloaded."""
 from __future__ import annotations
 
 import json
+import socket
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +20,7 @@ import torch
 
 from rayship_workloads import llm, models
 from rayship_workloads.serve import serve_locally
-from tests.workloads.serve_http import call, free_port, http_chunks, sse_events
+from tests.workloads.serve_http import call, declared_but_not_sent, free_port, http_chunks, sse_events
 
 pytestmark = pytest.mark.workloads
 
@@ -432,3 +437,50 @@ def test_multiplexed_model_errors(
     got, answer = call("POST", f"{multi[0]}/{path}", body, headers=headers)
     error = answer["error"]["message"] if path.startswith("v1/") else answer["error"]
     assert got == status and message in error, answer
+
+
+# --- request limits and slow clients on the text routes ------------------------------------------
+
+TEXT_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
+
+
+@pytest.mark.parametrize("route", TEXT_ROUTES)
+def test_a_text_route_refuses_a_body_over_the_limit_before_reading_it(lm: str, route: str) -> None:
+    """The default 8 MiB (maxRequestBytes) holds on every text route, as on /predict: an oversized
+    Content-Length is answered 413 from the header alone, and a chunked body is cut while it is read."""
+    status, body = declared_but_not_sent(f"{lm}{route}", 50 * 1024 * 1024)
+    error = body["error"]["message"] if route.startswith("/v1/") else body["error"]  # OpenAI's shape
+    assert status == 413 and "over 8388608 bytes (maxRequestBytes)" in error, body
+    over = b'{"prompt": "hi"' + b" " * (8 * 1024 * 1024) + b"}"
+    request = urllib.request.Request(
+        f"{lm}{route}", data=iter([over[:4096], over[4096:]]), method="POST",
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request, timeout=60)
+    assert request.get_header("Transfer-encoding") == "chunked"
+    assert err.value.code == 413 and "maxRequestBytes" in json.dumps(json.loads(err.value.read())["error"])
+
+
+def test_clients_that_trickle_headers_or_a_body_do_not_hold_up_others(lm: str) -> None:
+    """Slow loris: connections that send their headers, or their body, a few bytes at a time hold no
+    replica and no event loop: another client is answered meanwhile, every time. (What one trickling
+    connection may pile up is not bounded by Serve's HTTP proxy: 160 KB of trickled headers got no
+    431 and no close in 10 s. A cluster fronts Serve with an ingress that bounds it.)"""
+    parts = urllib.parse.urlsplit(lm)
+    head = (
+        f"POST {parts.path}/generate HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+    )
+    trickling = [socket.create_connection((parts.hostname, parts.port), timeout=10) for _ in range(8)]
+    try:
+        for i, sock in enumerate(trickling):  # half trickle headers, half a declared body
+            sock.sendall(head.encode() if i % 2 else f"{head}Content-Length: 1000\r\n\r\n{{".encode())
+        for round_ in range(5):
+            for i, sock in enumerate(trickling):
+                sock.sendall(f"X-Slow-{round_}: 1\r\n".encode() if i % 2 else b" ")
+            status, body = call("POST", f"{lm}/generate", {"prompt": "hello", "max_new_tokens": 2})
+            assert status == 200 and isinstance(body["text"], str), body
+            time.sleep(0.5)
+    finally:
+        for sock in trickling:
+            sock.close()
