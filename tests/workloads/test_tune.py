@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 from ray.tune.schedulers import PopulationBasedTraining
 
 from rayship import api
@@ -194,3 +195,36 @@ def test_asha_knobs_reach_tune_in_epochs() -> None:
     assert [milestone for milestone, _ in bracket._rungs] == [6, 2]
     default = tune.scheduler(spec.model_copy(update={"asha": None}), epochs=20)
     assert default._max_t == 20
+
+
+def test_asha_stops_a_bad_trial_at_its_first_rung_while_the_good_one_trains_on(
+    ray_session, tmp_path: Path, capsys
+) -> None:
+    """ASHA seen at work, not in its attributes: rungs at epochs 1 and 2 (gracePeriod 1, reductionFactor
+    2, maxT 4). The learning rate that learns runs first (one trial at a time, the grid in order) and
+    trains all 4 epochs; the one that barely moves is worse at epoch 1 than the first was there, and
+    is stopped right after it."""
+    from rayship import cli
+
+    doc = yaml.safe_load(PBT_EXAMPLE.read_text())
+    doc["metadata"]["name"] = "asha"
+    doc["spec"]["trainer"]["epochs"] = 4
+    doc["spec"]["tuning"] = {
+        "numSamples": 1,
+        "maxConcurrentTrials": 1,
+        "scheduler": "asha",
+        "asha": {"gracePeriod": 1, "reductionFactor": 2},
+        "searchSpace": {"learningRate": {"distribution": "grid", "values": [0.03, 0.00001]}},
+    }
+    path, runs = tmp_path / "asha.yaml", tmp_path / "runs"
+    path.write_text(yaml.safe_dump(doc))
+    assert cli.main(["run", "-f", str(path), "--runs-dir", str(runs)]) == 0
+    out = capsys.readouterr().out
+    results = runs / "asha" / "checkpoints" / "default.asha-tune"
+    epochs = {}
+    for trial in (t for t in results.iterdir() if t.is_dir()):
+        records = [json.loads(line) for line in (trial / "result.json").read_text().splitlines()]
+        epochs[records[0]["config"]["learningRate"]] = [r["epoch"] for r in records]
+    assert epochs == {0.03: [1, 2, 3, 4], 0.00001: [1]}, (epochs, out)
+    result = json.loads((runs / "asha" / "result.json").read_text())
+    assert result["tuning"]["trials"] == 2 and result["model"], result
