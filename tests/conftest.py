@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +17,25 @@ pytest_plugins = ["tests.cluster_fixtures"]  # the real control plane: cluster, 
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "manifests" / "samples"
+
+
+def handed_document(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The TrainingJob a rendered RayJob's driver reads (`--spec <file>`): the file of the spec Secret
+    among `objects` that the head mounts, checked to be the one the entrypoint names."""
+    from rayship.api import names
+
+    (secret,) = [o for o in objects if o["kind"] == "Secret"]
+    (rayjob,) = [o for o in objects if o["kind"] == "RayJob"]
+    argv = shlex.split(rayjob["spec"]["entrypoint"])
+    assert argv[:4] == ["python", "-m", "rayship_workloads.job", "--spec"], argv
+    assert argv[4] == f"{names.SPEC_MOUNT}/{names.SPEC_FILE}" and len(argv) == 5, argv
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    (volume,) = [v for v in head["volumes"] if v.get("secret")]
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    (mount,) = [m for m in head["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount == {"name": volume["name"], "mountPath": names.SPEC_MOUNT, "readOnly": True}
+    return json.loads(secret["stringData"][names.SPEC_FILE])
+
 
 # What CI may skip: what no machine here has (a GPU; a kind node image, which cannot be built without a
 # registry). Under CI=true any other skip (a missing prerequisite: root, Go, containerd, the KubeRay

@@ -53,7 +53,7 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "resourceNames": [names.WORKLOAD_ROLE],
         "verbs": ["bind"],
     },
-    {  # each ModelService's Ray token Secret: created, never read (the operator derives the token)
+    {  # each ModelService's Ray token Secret, each TrainingJob's spec Secret: created, never read
         "apiGroups": [""],
         "resources": ["secrets"],
         "verbs": ["create"],

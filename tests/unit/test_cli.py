@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from rayship import cli
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, handed_document
 from tests.unit.bad_corpus import RAYSHIP_ONLY_CASES, SPEC_CASES, TEXT_CASES
 
 SAMPLE = SAMPLES / "trainingjob-ddp.yaml"
@@ -31,7 +31,7 @@ def test_render_yaml_and_json_agree(capsys) -> None:
     as_yaml = list(yaml.safe_load_all(out))
     code, out, _ = run(capsys, "render", "-f", str(SAMPLE), "-o", "json")
     assert code == 0 and json.loads(out) == {"apiVersion": "v1", "kind": "List", "items": as_yaml}
-    assert [o["kind"] for o in as_yaml] == ["ServiceAccount", "RoleBinding", "RayJob"]
+    assert [o["kind"] for o in as_yaml] == ["ServiceAccount", "RoleBinding", "Secret", "RayJob"]
     assert as_yaml[-1]["metadata"]["name"] == "mlp-ddp"
 
 
@@ -137,8 +137,7 @@ def test_yaml_numbers_are_read_as_kubernetes_reads_them(tmp_path: Path, capsys) 
     path.write_text(text)
     code, out, err = run(capsys, "render", "-f", str(path), "-o", "json")
     assert code == 0, err
-    rayjob = json.loads(out)["items"][-1]
-    assert '"learningRate":2e-05' in rayjob["spec"]["entrypoint"]
+    assert handed_document(json.loads(out)["items"])["spec"]["trainer"]["learningRate"] == 2e-05
 
 
 def test_an_unquoted_date_is_a_string_as_kubernetes_reads_it(tmp_path: Path, capsys) -> None:
@@ -149,7 +148,8 @@ def test_an_unquoted_date_is_a_string_as_kubernetes_reads_it(tmp_path: Path, cap
     path.write_text(yaml.safe_dump(doc).replace("DATE", "2026-01-01"))
     code, out, err = run(capsys, "render", "-f", str(path), "-o", "json")
     assert code == 0, err
-    assert '"dataset_date":"2026-01-01"' in json.loads(out)["items"][-1]["spec"]["entrypoint"]
+    handed = handed_document(json.loads(out)["items"])
+    assert handed["spec"]["trainer"]["config"] == {"dataset_date": "2026-01-01"}
 
 
 def test_serve_with_a_wrong_model_uri_is_explained_before_ray_starts(tmp_path: Path, capsys) -> None:
@@ -182,12 +182,20 @@ def test_render_ships_the_runtime_env_and_refuses_a_local_folder(tmp_path: Path,
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     code, out, _ = run(capsys, "render", "-f", str(path))
-    rayjob = list(yaml.safe_load_all(out))[-1]
+    *_, secret, rayjob = list(yaml.safe_load_all(out))
     assert code == 0 and yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"]) == {
         "working_dir": "https://example.com/code/v1.zip",
         "pip": ["emoji==2.14.1"],
-        "env_vars": {"LOG_LEVEL": "debug"},
     }
+    # envVars reach the driver and every worker as the pods' env, their values from the spec Secret
+    for group in (
+        rayjob["spec"]["rayClusterSpec"]["headGroupSpec"],
+        *rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"],
+    ):
+        (container,) = group["template"]["spec"]["containers"]
+        ref = {"secretKeyRef": {"name": secret["metadata"]["name"], "key": "runtime-env.LOG_LEVEL"}}
+        assert {"name": "LOG_LEVEL", "valueFrom": ref} in container["env"]
+    assert secret["stringData"]["runtime-env.LOG_LEVEL"] == "debug"
     doc["spec"]["runtimeEnv"]["workingDir"] = "."
     path.write_text(yaml.safe_dump(doc))
     code, out, err = run(capsys, "render", "-f", str(path))

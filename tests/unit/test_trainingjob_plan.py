@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 
 import pytest
@@ -65,6 +66,22 @@ def test_suspend_is_applied_to_the_live_rayjob() -> None:
     assert todo.patch["spec"] == {"suspend": True}
     recorded = json.loads(todo.patch["metadata"]["annotations"][names.ANNOTATION_SPEC])
     assert recorded["suspend"] is True and todo.context.unapplied == ()
+
+
+def test_a_rayjob_recorded_before_every_string_was_digested_reads_unedited() -> None:
+    """The applied-spec annotation once held the spec as written (only env values digested): a RayJob
+    launched then is not reported as edited everywhere after the upgrade, and a real edit still is."""
+    doc = trainingjob()
+    doc["spec"]["env"] = [{"name": "MODE", "value": "fast"}]
+    doc["spec"]["trainer"]["config"] = {"note": "private-value"}
+    rayjob = launched(doc)
+    old_record = parse_trainingjob(doc).spec.wire()
+    old_record["env"] = [{"name": "MODE", "value": "sha256:" + hashlib.sha256(b"fast").hexdigest()[:16]}]
+    rayjob["metadata"]["annotations"][names.ANNOTATION_SPEC] = json.dumps(old_record)
+    assert "private-value" not in json.dumps(launched(doc)["metadata"])  # today's record: digests only
+    assert plan(doc, rayjob, None, CONFIG).context.unapplied == ()
+    doc["spec"]["trainer"]["config"] = {"note": "another"}
+    assert plan(doc, rayjob, None, CONFIG).context.unapplied == ("trainer.config.note",)
 
 
 def test_other_edits_are_reported_not_applied() -> None:

@@ -6,7 +6,6 @@ import copy
 import json
 import os
 import re
-import shlex
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from rayship.api import names
 from rayship.api.validation import parse_trainingjob
 from rayship.config import OperatorConfig
 from rayship.controller import trainingjob
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, handed_document
 from tools.kuberay_rules import rayjob_violations
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -194,11 +193,9 @@ def test_secrets_only_by_reference() -> None:
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda p: p.stem)
-def test_entrypoint_carries_the_resolved_trainingjob(spec: Path) -> None:
+def test_the_driver_reads_the_resolved_trainingjob_from_the_spec_secret(spec: Path) -> None:
     doc = parse_trainingjob(load(spec))
-    argv = shlex.split(rendered(spec)["spec"]["entrypoint"])
-    assert argv[:4] == ["python", "-m", "rayship_workloads.job", "--spec"]
-    handed = parse_trainingjob(json.loads(argv[4]))
+    handed = parse_trainingjob(handed_document(rendered_all(spec)))
     assert handed.metadata.name == doc.metadata.name
     assert handed.spec.image == (doc.spec.image or CONFIG.default_image)
     assert handed.spec.ray_version == CONFIG.default_ray_version
@@ -207,8 +204,8 @@ def test_entrypoint_carries_the_resolved_trainingjob(spec: Path) -> None:
 
 def test_workload_rbac_is_least_privilege_and_used_by_the_ray_pods() -> None:
     objects = rendered_all(SAMPLES / "trainingjob-ddp.yaml")
-    assert [o["kind"] for o in objects] == ["ServiceAccount", "RoleBinding", "RayJob"]
-    account, binding, rayjob = objects
+    assert [o["kind"] for o in objects] == ["ServiceAccount", "RoleBinding", "Secret", "RayJob"]
+    account, binding, _, rayjob = objects
     assert account["metadata"]["name"] == binding["metadata"]["name"] == "mlp-ddp-workload"
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -302,6 +299,46 @@ def test_without_cpu_limits_every_ray_pod_requests_cpu_uncapped_and_keeps_its_ot
             }
     gpus = worker_group(uncapped)["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert gpus[CONFIG.gpu_resource] == "1" and "memory" in gpus
+
+
+CANARY = "canary-7f3a9d"
+
+
+def test_a_value_of_any_free_form_field_is_nowhere_in_the_rayjob_but_in_the_secret_it_references() -> None:
+    """A canary in every field a private value may be put in (env values, runtimeEnv.envVars,
+    trainer.config, hyperparameter choices, the tracking experiment, data, validation and checkpoint
+    URIs): the RayJob (readable by anyone who may `get rayjobs`; its entrypoint and runtime env shown
+    on Ray's dashboard) holds none of them; the spec Secret it references holds each, and the pods
+    read env values by reference to it."""
+    doc = load(SAMPLES / "trainingjob-tuning.yaml")
+    spec = doc["spec"]
+    spec["env"] = [{"name": "HF_TOKEN", "value": f"{CANARY}-env"}]
+    spec["runtimeEnv"] = {"envVars": {"LOG_PREFIX": f"{CANARY}-runtime"}, "pip": ["emoji==2.14.1"]}
+    spec["trainer"]["config"] = {"note": f"{CANARY}-config"}
+    spec["tuning"]["searchSpace"]["config.note"] = {"distribution": "choice", "values": [f"{CANARY}-choice"]}
+    spec["tracking"] = {
+        "mlflow": {"trackingUri": "https://mlflow.example.com", "experiment": f"{CANARY}-exp"}
+    }
+    spec["data"] = {
+        "source": "uri",
+        "uri": f"s3://bucket/{CANARY}-data.parquet",
+        "validation": {"uri": f"s3://bucket/{CANARY}-val.parquet"},
+    }
+    spec["checkpoint"]["storage"] = {"uri": f"s3://bucket/{CANARY}-ckpt"}
+    canaries = [
+        f"{CANARY}-{field}" for field in ("env", "runtime", "config", "choice", "exp", "data", "val", "ckpt")
+    ]
+    *_, secret, rayjob = trainingjob.render_trainingjob(parse_trainingjob(doc), CONFIG)
+    shown = json.dumps(rayjob)
+    assert [c for c in canaries if c in shown] == []
+    kept = json.dumps(secret["stringData"])
+    assert [c for c in canaries if c not in kept] == []
+    env = {e["name"]: e for e in pods(rayjob)[0]["containers"][0]["env"]}
+    for name, key in (("HF_TOKEN", "env.HF_TOKEN"), ("LOG_PREFIX", "runtime-env.LOG_PREFIX")):
+        assert env[name] == {
+            "name": name,
+            "valueFrom": {"secretKeyRef": {"name": secret["metadata"]["name"], "key": key}},
+        }
 
 
 def test_no_env_value_travels_in_the_entrypoint_or_the_annotation() -> None:

@@ -19,7 +19,7 @@ from rayship.api.validation import parse_trainingjob
 from rayship.config import OperatorConfig
 from rayship.controller import trainingjob
 from rayship_workloads import data, job, recipes, train
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, handed_document
 
 pytestmark = pytest.mark.workloads
 
@@ -29,14 +29,18 @@ PACKAGE = Path(job.__file__).parent
 @pytest.mark.parametrize("sample", sorted(SAMPLES.glob("trainingjob-*.yaml")), ids=lambda p: p.stem)
 def test_rendered_entrypoint_runs_the_workload_with_the_rendered_spec(ray_session, sample, tmp_path) -> None:
     tj = parse_trainingjob(yaml.safe_load(sample.read_text()))
-    rayjob = trainingjob.build_rayjob(tj, OperatorConfig())
-    argv = shlex.split(rayjob["spec"]["entrypoint"])
+    objects = trainingjob.render_trainingjob(tj, OperatorConfig())
+    handed = handed_document(objects)  # the spec Secret's file, which the head mounts
+    argv = shlex.split(objects[-1]["spec"]["entrypoint"])
     assert argv[:4] == ["python", "-m", job.__name__, "--spec"]
     assert callable(importlib.import_module(argv[2]).main)
-    handed = json.loads(argv[4])
-    loaded = job.load_trainingjob(argv[4])
-    # the renderer hands over an already resolved spec, without `env` (the pods have it; no value in
-    # the entrypoint, which Ray's job list shows)
+    # the driver reads it from the file the entrypoint names (here: where the Secret would be mounted)
+    (secret,) = [o for o in objects if o["kind"] == "Secret"]
+    mounted = tmp_path / Path(argv[4]).name
+    mounted.write_text(secret["stringData"][Path(argv[4]).name])
+    loaded = job.load_trainingjob(str(mounted))
+    # the renderer hands over an already resolved spec, without `env` (the pods have it, by reference
+    # to the same Secret)
     assert "env" not in handed["spec"]
     assert loaded.spec.wire() == {**handed["spec"], "env": []}
     assert {k: getattr(loaded.metadata, k) for k in ("name", "namespace")} == handed["metadata"]

@@ -8,7 +8,8 @@ in local mode (the terminal, metrics.json, loss.png, result.json).
 In the cluster, checkpoints and models go to `spec.checkpoint.storage` (the PVC's mount path or the
 object-store URI); local mode picks its own directory.
 
-Secrets: the spec (in the entrypoint) may hold `env[].value`s; nothing here prints the spec, and every
+Secrets: in a cluster the spec is a file of the operator's spec Secret, mounted on the head (the
+entrypoint only names it); it may hold private values, so nothing here prints the spec, and every
 error message about it goes through `redact.scrub` (`env[].value` -> `***`).
 """
 

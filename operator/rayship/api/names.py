@@ -77,6 +77,18 @@ def ray_token_secret(rayservice: str, tag: str) -> str:
     return dns1035_name(f"{rayservice}-ray-token-{tag}", 63)
 
 
+def trainingjob_spec_secret(rayjob: str, tag: str) -> str:
+    """The Secret holding what a TrainingJob's workload reads that may be private (the resolved spec,
+    env values): made by the operator, mounted on the head, referenced by the pods' env. `tag` makes
+    the name unguessable and follows the content (a new Secret per launched spec)."""
+    return dns1035_name(f"{rayjob}-spec-{tag}", 63)
+
+
+SPEC_VOLUME = "rayship-spec"
+SPEC_MOUNT = "/etc/rayship"  # the head's read-only mount of that Secret
+SPEC_FILE = "trainingjob.json"  # the key (and file) of the resolved TrainingJob in it
+
+
 # In the operator's namespace: the key every Ray token of a ModelService is derived from.
 TOKEN_KEY_SECRET = "rayship-ray-token-key"
 RAY_TOKEN_KEY = "auth_token"  # KubeRay reads the token from this key of `authOptions.secretName`

@@ -42,9 +42,11 @@ from rayship.controller.trainingjob.rayjob import (
     render_trainingjob,
     resolved_spec,
     secret_looking_env,
+    spec_secret,
     total_gpus,
     train_entrypoint,
     workload_document,
+    workload_env,
 )
 
 __all__ = [
@@ -56,6 +58,8 @@ __all__ = [
     "SECRET_NAME",
     "secret_looking_env",
     "train_entrypoint",
+    "spec_secret",
+    "workload_env",
     "build_rayjob",
     "build_workload_rbac",
     "render_trainingjob",

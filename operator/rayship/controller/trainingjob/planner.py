@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from rayship import api
 from rayship.api import names
@@ -21,6 +21,7 @@ from rayship.controller.conditions import (
 from rayship.controller.trainingjob.phase import CREATED, Observation
 from rayship.controller.trainingjob.rayjob import (
     applied_record,
+    digested,
     render_trainingjob,
     secret_looking_env,
     total_gpus,
@@ -41,8 +42,10 @@ def spec_edits(applied: Any, desired: Any, prefix: str = "") -> list[str]:
 
 
 def applied_spec(rayjob: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The launched spec as recorded, in today's form: a record from before every string was
+    digested (only env values were) reads the same once digested."""
     raw = (rayjob.get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_SPEC)
-    return json.loads(raw) if raw else None
+    return cast(dict[str, Any], digested(json.loads(raw))) if raw else None
 
 
 # `Controller.plan` of this kind: the same signature as the other kind's (an intended parallel).

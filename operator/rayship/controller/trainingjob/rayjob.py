@@ -5,6 +5,7 @@ cluster-specific comes in via `OperatorConfig`."""
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 import shlex
 from typing import Any
@@ -34,9 +35,8 @@ def resolved_spec(wired: dict[str, Any], config: OperatorConfig) -> dict[str, An
 
 
 def workload_document(tj: api.TrainingJob, resolved: dict[str, Any]) -> dict[str, Any]:
-    """The TrainingJob handed to `python -m rayship_workloads.job --spec` (same YAML, resolved),
-    without `env`: the pods already have it, and the entrypoint is shown in Ray's job list and
-    dashboard, so no env value (a token pasted as a plain value) travels in it."""
+    """The TrainingJob handed to `python -m rayship_workloads.job --spec` (same YAML, resolved) in
+    the spec Secret, without `env`: the pods have it (their values by reference to the same Secret)."""
     meta = {"name": tj.metadata.name}
     if tj.metadata.namespace:
         meta["namespace"] = tj.metadata.namespace
@@ -48,17 +48,26 @@ def workload_document(tj: api.TrainingJob, resolved: dict[str, Any]) -> dict[str
     return {"apiVersion": api.API_VERSION, "kind": "TrainingJob", "metadata": meta, "spec": spec}
 
 
+def digested(value: Any) -> Any:
+    """`value` with every string replaced by a digest ("sha256:" and 16 hex digits; one already in that
+    form is kept, so a record written when only env values were digested reads the same)."""
+    if isinstance(value, dict):
+        return {key: digested(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [digested(item) for item in value]
+    if isinstance(value, str) and not DIGEST.fullmatch(value):
+        return "sha256:" + hashlib.sha256(value.encode()).hexdigest()[:16]
+    return value
+
+
+DIGEST = re.compile(r"sha256:[0-9a-f]{16}")
+
+
 def applied_record(spec: dict[str, Any]) -> str:
-    """The launched spec as recorded on the RayJob (to tell later edits apart), env values replaced
-    by a digest: an edit is still seen, a value is never stored in an annotation."""
-    record = dict(spec)
-    record["env"] = [
-        {**e, "value": "sha256:" + hashlib.sha256(e["value"].encode()).hexdigest()[:16]}
-        if "value" in e
-        else e
-        for e in spec.get("env") or []
-    ]
-    return canonical_json(record)
+    """The launched spec as recorded on the RayJob (to tell later edits apart), every string replaced
+    by a digest: an edit is still seen (which field), a value (a token in trainer.config, an env
+    value) is never stored in an annotation."""
+    return canonical_json(digested(spec))
 
 
 SECRET_NAME = re.compile(api.SECRET_NAME_PATTERN)
@@ -73,9 +82,58 @@ def secret_looking_env(tj: api.TrainingJob) -> list[str]:
     ]
 
 
-def train_entrypoint(tj: api.TrainingJob, resolved: dict[str, Any]) -> str:
-    document = workload_document(tj, resolved)
-    return f"python -m {JOB_MODULE} --spec {shlex.quote(canonical_json(document))}"
+def _env_key(name: str) -> str:
+    return f"env.{name}"
+
+
+def _runtime_env_key(name: str) -> str:
+    return f"runtime-env.{name}"
+
+
+def spec_secret(tj: api.TrainingJob, config: OperatorConfig, resolved: dict[str, Any]) -> dict[str, Any]:
+    """The Secret the workload's private values travel in: the resolved TrainingJob (the driver's
+    `--spec` reads it from the head's mount) and every plain env value (spec.env, runtimeEnv.envVars),
+    which the pods' env references. None of them is in the RayJob: anyone who may `get rayjobs` reads
+    it, and Ray shows the entrypoint and the runtime env on its dashboard.
+
+    Its name ends in a tag derived from the operator's key, the TrainingJob's UID and the content: the
+    operator creates it and never reads it, so a Secret planted under a name it could guess would
+    have run the planter's spec; and an edited spec gets a new Secret, not a stale one."""
+    data = {names.SPEC_FILE: canonical_json(workload_document(tj, resolved))}
+    data.update({_env_key(e.name): e.value for e in tj.spec.env if e.value is not None})
+    runtime = tj.spec.runtime_env
+    data.update({_runtime_env_key(k): v for k, v in (runtime.env_vars if runtime else {}).items()})
+    key = config.ray_token_key.get_secret_value().encode() if config.ray_token_key else b""
+    namespace = tj.metadata.namespace or "default"
+    uid = str((tj.metadata.model_extra or {}).get("uid") or "")
+    identity = f"trainingjob-spec/{namespace}/{tj.metadata.name}/{uid}/{canonical_json(data)}"
+    tag = hmac.new(key, identity.encode(), hashlib.sha256).hexdigest()[:12]
+    metadata: dict[str, Any] = {
+        "name": names.trainingjob_spec_secret(names.rayjob_name(tj.metadata.name), tag)
+    }
+    if tj.metadata.namespace:
+        metadata["namespace"] = tj.metadata.namespace
+    metadata["labels"] = names.labels("TrainingJob", tj.metadata.name, "training")
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "type": "Opaque", "stringData": data}
+
+
+def workload_env(tj: api.TrainingJob, gpus: int, secret: str) -> list[dict[str, Any]]:
+    """The pods' env: rayship's own, then the user's, every plain value by reference to `secret`
+    (runtimeEnv.envVars last: as Ray's runtime env, they win over spec.env)."""
+    env = pods.container_env(pods.object_ref(tj.metadata), gpus, [], names.ENV_TRAININGJOB)
+
+    def ref(name: str, key: str) -> dict[str, Any]:
+        return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+    env += [ref(e.name, _env_key(e.name)) if e.value is not None else e.wire() for e in tj.spec.env]
+    runtime = tj.spec.runtime_env
+    env += [ref(k, _runtime_env_key(k)) for k in sorted(runtime.env_vars if runtime else {})]
+    return env
+
+
+def train_entrypoint() -> str:
+    """The driver reads the TrainingJob from the spec Secret's file on the head (never the command line)."""
+    return f"python -m {JOB_MODULE} --spec {shlex.quote(f'{names.SPEC_MOUNT}/{names.SPEC_FILE}')}"
 
 
 def _checkpoint_volumes(tj: api.TrainingJob) -> pods.Volumes:
@@ -84,13 +142,21 @@ def _checkpoint_volumes(tj: api.TrainingJob) -> pods.Volumes:
     return pods.pvc_volume(names.CHECKPOINT_VOLUME, pvc) if pvc is not None else ([], [])
 
 
+def _spec_volume(secret: str) -> pods.Volumes:
+    """The spec Secret, read-only on the head, readable by the pods' user through its group (fsGroup)."""
+    volume = {"name": names.SPEC_VOLUME, "secret": {"secretName": secret, "defaultMode": 0o440}}
+    return [volume], [{"name": names.SPEC_VOLUME, "mountPath": names.SPEC_MOUNT, "readOnly": True}]
+
+
 def _pod_templates(
-    tj: api.TrainingJob, config: OperatorConfig, image: str, labels: dict[str, str]
+    tj: api.TrainingJob, config: OperatorConfig, image: str, labels: dict[str, str], secret: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The head's pod template (CPU only) and the workers' (their GPUs placed)."""
+    """The head's pod template (CPU only, the spec Secret mounted) and the workers' (their GPUs placed)."""
     spec, workers = tj.spec, tj.spec.workers
 
-    def template(container: str, cpus: float, memory: str, gpus: int, **placement: Any) -> dict[str, Any]:
+    def template(
+        container: str, cpus: float, memory: str, gpus: int, volumes: pods.Volumes, **placement: Any
+    ) -> dict[str, Any]:
         return pods.pod_template(
             config,
             image=image,
@@ -99,8 +165,8 @@ def _pod_templates(
             memory=memory,
             gpus=gpus,
             labels=labels,
-            env=pods.container_env(pods.object_ref(tj.metadata), gpus, spec.env, names.ENV_TRAININGJOB),
-            volumes=_checkpoint_volumes(tj),
+            env=workload_env(tj, gpus, secret),
+            volumes=volumes,
             priority_class=spec.scheduling.priority_class_name,
             service_account=names.workload_account(tj.metadata.name),  # reports progress
             **placement,
@@ -109,12 +175,20 @@ def _pod_templates(
     selector, tolerations = pods.gpu_placement(
         config, workers.gpus_per_worker, workers.gpu_product, workers.node_selector, workers.tolerations
     )
+    checkpoints, spec_file = _checkpoint_volumes(tj), _spec_volume(secret)
+    head_volumes = (checkpoints[0] + spec_file[0], checkpoints[1] + spec_file[1])
     head = template(
-        names.HEAD_CONTAINER, spec.head.cpus, spec.head.memory, 0, node_selector={}, tolerations=[]
+        names.HEAD_CONTAINER,
+        spec.head.cpus,
+        spec.head.memory,
+        0,
+        head_volumes,
+        node_selector={},
+        tolerations=[],
     )
     worker = template(
         names.WORKER_CONTAINER, workers.cpus_per_worker, workers.memory_per_worker, workers.gpus_per_worker,
-        node_selector=selector, tolerations=tolerations,
+        checkpoints, node_selector=selector, tolerations=tolerations,
     )  # fmt: skip
     return head, worker
 
@@ -133,14 +207,22 @@ def _rayjob_metadata(tj: api.TrainingJob, labels: dict[str, str], wired: dict[st
 def build_rayjob(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
     """The RayJob for a TrainingJob: a fixed-size GPU worker group, a CPU-only head, and a cluster
     that is always torn down after the job (no zombie GPU clusters)."""
+    return _build(tj, config)[1]
+
+
+def _build(tj: api.TrainingJob, config: OperatorConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the spec Secret, the RayJob that references it)."""
     spec = tj.spec
     labels = names.labels("TrainingJob", tj.metadata.name, "training")
-    wired = spec.wire()  # once per render: the resolved spec, the entrypoint and the annotation read it
+    wired = spec.wire()  # once per render: the resolved spec, the Secret and the annotation read it
     resolved = resolved_spec(wired, config)
-    head_template, worker_template = _pod_templates(tj, config, resolved["image"], labels)
+    secret = spec_secret(tj, config, resolved)
+    head_template, worker_template = _pod_templates(
+        tj, config, resolved["image"], labels, secret["metadata"]["name"]
+    )
     replicas = spec.workers.replicas
     rayjob_spec: dict[str, Any] = {
-        "entrypoint": train_entrypoint(tj, resolved),
+        "entrypoint": train_entrypoint(),
         # HTTPMode: KubeRay itself submits the job to the Ray dashboard (through the API server's
         # service proxy with --use-kubernetes-proxy) once the cluster is ready: no submitter pod to
         # schedule, to leak or to account for in a queue (K8sJobMode's `ray job submit` pod).
@@ -170,14 +252,21 @@ def build_rayjob(tj: api.TrainingJob, config: OperatorConfig) -> dict[str, Any]:
             ],
         },
     }
-    if spec.runtime_env is not None and (runtime_env := spec.runtime_env.as_ray()):
+    runtime_env = spec.runtime_env.as_ray() if spec.runtime_env is not None else {}
+    runtime_env.pop("env_vars", None)  # in the pods' env, from the Secret (workload_env)
+    if runtime_env:
         # The job's runtime environment: KubeRay hands it to Ray with the submission, so the driver
-        # and every worker run in workingDir (downloaded by Ray) with the pip packages and envVars.
+        # and every worker run in workingDir (downloaded by Ray) with the pip packages.
         rayjob_spec["runtimeEnvYAML"] = yaml.safe_dump(runtime_env, sort_keys=True)
     if spec.failure_policy.active_deadline_seconds is not None:
         rayjob_spec["activeDeadlineSeconds"] = spec.failure_policy.active_deadline_seconds
     metadata = _rayjob_metadata(tj, labels, wired)
-    return {"apiVersion": pods.RAY_API_VERSION, "kind": "RayJob", "metadata": metadata, "spec": rayjob_spec}
+    return secret, {
+        "apiVersion": pods.RAY_API_VERSION,
+        "kind": "RayJob",
+        "metadata": metadata,
+        "spec": rayjob_spec,
+    }
 
 
 def build_workload_rbac(tj: api.TrainingJob) -> list[dict[str, Any]]:
@@ -211,7 +300,7 @@ def build_workload_rbac(tj: api.TrainingJob) -> list[dict[str, Any]]:
 
 def render_trainingjob(tj: api.TrainingJob, config: OperatorConfig) -> list[dict[str, Any]]:
     """Every object the operator creates for a TrainingJob, in creation order."""
-    return [*build_workload_rbac(tj), build_rayjob(tj, config)]
+    return [*build_workload_rbac(tj), *_build(tj, config)]
 
 
 def total_gpus(tj: api.TrainingJob) -> int:
