@@ -183,7 +183,7 @@ def parse(doc: Any, *, local: bool = False, admitted: bool = False) -> api.ApiMo
     given = doc.get("kind")
     kind = api.KIND_BY_NAME.get(given) if isinstance(given, str) else None
     if kind is None:
-        raise SpecError([f"kind: {shown(given, 80)} is not a rayship kind; expected one of: {kinds}"])
+        raise SpecError([f"kind: {shown(given)} is not a rayship kind; expected one of: {kinds}"])
     if doc.get("apiVersion") != api.API_VERSION:
         raise SpecError(
             [f"apiVersion: {doc.get('apiVersion')!r} is not served; use apiVersion: {api.API_VERSION}"]

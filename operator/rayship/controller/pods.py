@@ -5,6 +5,8 @@ security contexts, quantities. No I/O, no globals: cluster conventions come in t
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from typing import Any
 
 from rayship import api
@@ -18,6 +20,17 @@ def cpu_quantity(cores: float) -> str:
     """4.0 -> "4", 0.5 -> "500m": the canonical Kubernetes form."""
     millis = round(cores * 1000)
     return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
+
+
+def secret_tag(config: OperatorConfig, purpose: str, meta: api.ObjectMeta, *content: str) -> str:
+    """12 hex digits that make the name of a Secret the operator creates (and never reads)
+    unguessable: an HMAC, with the operator's key, of `purpose`, the owner's namespace, name and UID,
+    and `content`. Nobody can plant a Secret under that name first. Offline (`rayship render`, no
+    key) it is derived from an empty key: the operator's differs."""
+    key = config.ray_token_key.get_secret_value().encode() if config.ray_token_key else b""
+    uid = str((meta.model_extra or {}).get("uid") or "")
+    identity = "/".join([purpose, meta.namespace or "default", meta.name, uid, *content])
+    return hmac.new(key, identity.encode(), hashlib.sha256).hexdigest()[:12]
 
 
 def object_ref(meta: api.ObjectMeta) -> str:

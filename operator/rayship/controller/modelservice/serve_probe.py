@@ -13,6 +13,7 @@ from typing import Any
 from rayship import api
 from rayship.api import names
 from rayship.config import OperatorConfig
+from rayship.controller import pods
 from rayship.controller.conditions import (
     Plan,
     Probe,
@@ -37,13 +38,9 @@ def token_secret_name(ms: api.ModelService, config: OperatorConfig) -> str:
     key and the ModelService's UID. Nobody can make a Secret of that name before the operator does:
     creating it is all the operator ever does (it never reads a Secret), so a Secret planted under a
     predictable name would have handed its token, known to whoever planted it, to every Ray pod and
-    so the dashboard's job API (arbitrary code in the cluster). Offline (`rayship render`, no key) the
-    tag is derived from an empty key: the operator's differs."""
-    key = config.ray_token_key.get_secret_value().encode() if config.ray_token_key else b""
-    namespace = ms.metadata.namespace or "default"
-    uid = str(getattr(ms.metadata, "uid", None) or "")
-    tag = hmac.new(key, f"ray-token-secret/{namespace}/{ms.metadata.name}/{uid}".encode(), hashlib.sha256)
-    return names.ray_token_secret(names.rayservice_name(ms.metadata.name), tag.hexdigest()[:12])
+    so the dashboard's job API (arbitrary code in the cluster)."""
+    tag = pods.secret_tag(config, "ray-token-secret", ms.metadata)
+    return names.ray_token_secret(names.rayservice_name(ms.metadata.name), tag)
 
 
 def token_secret(ms: api.ModelService, config: OperatorConfig) -> dict[str, Any]:

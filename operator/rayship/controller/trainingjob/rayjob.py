@@ -5,7 +5,6 @@ cluster-specific comes in via `OperatorConfig`."""
 from __future__ import annotations
 
 import hashlib
-import hmac
 import re
 import shlex
 from typing import Any
@@ -103,11 +102,7 @@ def spec_secret(tj: api.TrainingJob, config: OperatorConfig, resolved: dict[str,
     data.update({_env_key(e.name): e.value for e in tj.spec.env if e.value is not None})
     runtime = tj.spec.runtime_env
     data.update({_runtime_env_key(k): v for k, v in (runtime.env_vars if runtime else {}).items()})
-    key = config.ray_token_key.get_secret_value().encode() if config.ray_token_key else b""
-    namespace = tj.metadata.namespace or "default"
-    uid = str((tj.metadata.model_extra or {}).get("uid") or "")
-    identity = f"trainingjob-spec/{namespace}/{tj.metadata.name}/{uid}/{canonical_json(data)}"
-    tag = hmac.new(key, identity.encode(), hashlib.sha256).hexdigest()[:12]
+    tag = pods.secret_tag(config, "trainingjob-spec", tj.metadata, canonical_json(data))
     metadata: dict[str, Any] = {
         "name": names.trainingjob_spec_secret(names.rayjob_name(tj.metadata.name), tag)
     }
