@@ -68,6 +68,13 @@ class OperatorConfig(BaseModel):
         description="Every object is reconciled at least this often, so the state converges even when "
         "an event or an API call was lost.",
     )
+    starting_seconds: float = Field(
+        15,
+        ge=1,
+        description="A TrainingJob whose Ray pods are starting is looked at again this often, so a pod "
+        "that cannot start (image not pulled, OOMKilled, unschedulable) is named in its status within "
+        "about this long. (At most 20 such looks a second in all: at 1000 jobs, each every 50 s.)",
+    )
     namespace: str = Field(
         "",
         description="Namespace the operator runs in (the chart sets it): the key its per-ModelService "

@@ -125,6 +125,26 @@ def test_pods_that_cannot_start_are_explained(kube: Kube, operator, change, reas
     )
 
 
+def test_a_pod_that_cannot_start_is_named_without_waiting_for_the_resync(kube: Kube, cluster) -> None:
+    """Its image cannot be pulled: the pod changes, its RayJob does not, so no event comes. The
+    operator looks at a starting job again (`RAYSHIP_STARTING_SECONDS`), not only at the resync (here
+    an hour away). With the look-again at an hour too, the status stays without a reason past 60 s."""
+    from controlplane import cluster as controlplane
+
+    controlplane.stop_operator()
+    controlplane.start_operator(extra_env={"RAYSHIP_RESYNC_SECONDS": "3600", "RAYSHIP_STARTING_SECONDS": "3"})
+    try:
+        kube.pvc()
+        kube.create(TJ, sample("pull", image="registry.invalid/doesnotexist:1"))
+        wait_for(
+            lambda: kube.condition(TJ, "pull", "Running").get("reason") == "ImagePullBackOff",
+            45,
+            what="the Running condition to say ImagePullBackOff",
+        )
+    finally:
+        controlplane.stop_operator()  # the next test starts one with the chart's settings
+
+
 def test_recreated_namesake_waits_for_the_old_rayjob_never_adopts_it(kube: Kube, operator) -> None:
     kube.pvc()
     first = kube.create(TJ, sample("again"))

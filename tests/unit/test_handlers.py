@@ -292,6 +292,49 @@ def test_a_queued_reconcile_is_queued_again_after_a_failure_as_kopf_would_retry_
     assert again == ([] if again_in is None else [(("ns", "job"), again_in, True)])
 
 
+@pytest.mark.parametrize(
+    ("deployment", "suspended", "jobs", "again_in"),
+    [
+        ("Initializing", False, 1, 15.0),  # its pods are starting: looked at again
+        ("Initializing", False, 1000, 50.0),  # spread out: at most 20 looks a second in all
+        ("Initializing", True, 1, None),  # being suspended: its pods are going, not starting
+        ("Running", False, 1, None),  # KubeRay's own updates say the rest
+        (None, False, 1, None),  # no RayJob seen yet: its first event comes
+    ],
+)
+def test_a_job_whose_pods_are_starting_is_looked_at_again_until_they_run(
+    monkeypatch, deployment: str | None, suspended: bool, jobs: int, again_in: float | None
+) -> None:
+    """A worker that cannot pull its image or is OOMKilled over and over changes nothing in its
+    RayJob, so no event would come before the resync: the queue looks at the job again."""
+    from rayship.controller import trainingjob_handlers as handlers
+    from rayship.controller.kopf_storage import kept
+
+    process = a_process()
+    process.queue = handlers.queue_for(process)
+    process.trainingjobs.update(("ns", f"job-{i}") for i in range(jobs - 1))
+    process.trainingjobs.add(("ns", "job"))
+    trainingjob = {
+        "apiVersion": "rayship.io/v1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "job", "namespace": "ns"},
+    }
+    rayjobs = {}
+    if deployment is not None:
+        rayjob = {
+            "apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "job", "namespace": "ns"},
+            "spec": {"suspend": suspended},
+            "status": {"jobDeploymentStatus": deployment, "rayClusterName": "job-raycluster-x"},
+        }  # fmt: skip
+        rayjobs = {("ns", handlers.names.rayjob_name("job")): [kept(rayjob)]}
+    process.watched.update(trainingjobs={("ns", "job"): [kept(trainingjob)]}, rayjobs=rayjobs)
+    again: list[tuple[object, ...]] = []
+    monkeypatch.setattr(handlers, "reconcile_trainingjob", lambda *a: None)
+    monkeypatch.setattr(process.queue, "add_after", lambda *a: again.append(a))
+    handlers._reconcile_queued(process, ("ns", "job"), False)
+    assert again == ([] if again_in is None else [(("ns", "job"), again_in)])
+
+
 def test_a_trainingjob_is_queued_while_its_status_does_not_reflect_its_spec(monkeypatch) -> None:
     """The TrainingJob event handler's filter: a job whose status.observedGeneration is not its
     metadata.generation (new: no status yet; or its spec changed) is queued with its RayJob read

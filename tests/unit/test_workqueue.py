@@ -87,3 +87,33 @@ def test_add_after_adds_later() -> None:
     queue.add_after("a", 0.05)
     assert not ran.is_set()
     assert ran.wait(5)
+
+
+def test_a_key_waits_for_its_soonest_time_only_with_fresh_merged() -> None:
+    import time
+
+    added: list[tuple[str, bool]] = []
+    queue: WorkQueue[str] = WorkQueue(lambda key, fresh: None, lambda task: None)
+    queue.add = lambda key, fresh=False: added.append((key, fresh))  # type: ignore[method-assign]
+    queue.add_after("a", 60)  # a retry after a failure
+    queue.add_after("a", 0.2, fresh=True)  # a look again, sooner: replaces it
+    queue.add_after("a", 30)  # later than the one waiting: merged into it
+    queue.add_after("b", 0.1)
+    assert queue.waiting_later() == 2
+    deadline = time.monotonic() + 5
+    while len(added) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # nothing more comes: the 60 s and 30 s times were dropped
+    assert added == [("b", False), ("a", True)] and queue.waiting_later() == 0
+
+
+def test_stop_drops_what_waits_for_later_and_ends_the_timer_thread() -> None:
+    ran = threading.Event()
+    queue: WorkQueue[str] = WorkQueue(lambda key, fresh: ran.set(), lambda task: task())
+    queue.add_after("a", 0.2)
+    timer = queue._timer
+    assert timer is not None and timer.is_alive()
+    queue.stop()
+    timer.join(5)
+    assert not timer.is_alive() and queue.waiting_later() == 0
+    assert not ran.wait(0.4)

@@ -25,6 +25,9 @@ from rayship.controller.reconcile import Controller, Seen
 from rayship.controller.workqueue import WorkQueue
 
 log = logging.getLogger("rayship")
+# A starting job is looked at again (`recheck_in`) at most this often a second, over all jobs: the
+# operator watches no pods, so each look is a LIST of the job's pods.
+STARTING_LOOKS_PER_SECOND = 20
 
 TRAINING = Controller(
     kind=api.TRAINING_JOB.kind,
@@ -73,6 +76,8 @@ def _reconcile_queued(process: OperatorProcess, key: Key, fresh_child: bool) -> 
         if seen is not None and seen.child is not None and fresh_child:
             seen = replace(seen, child=k8s.get(api.RAYJOBS, namespace, names.rayjob_name(name)))
         reconcile_trainingjob(process, namespace, name, seen)
+        if (delay := recheck_in(process, seen)) is not None:
+            process.queue.add_after(key, delay)
     except kopf.TemporaryError as err:
         log.info("TrainingJob %s/%s: %s; again in %s s", namespace, name, err, err.delay)
         process.queue.add_after(key, err.delay or 1, fresh_child)
@@ -81,6 +86,17 @@ def _reconcile_queued(process: OperatorProcess, key: Key, fresh_child: bool) -> 
     except Exception:
         log.exception("reconcile of TrainingJob %s/%s failed; again in 60 s", namespace, name)
         process.queue.add_after(key, 60, fresh_child)
+
+
+def recheck_in(process: OperatorProcess, seen: Seen | None) -> float | None:
+    """When to look at a job again whose Ray pods are starting (None: not starting, as far as the
+    watch shows). The operator watches RayJobs, not pods, and KubeRay updates a RayJob only when its
+    cluster's state changes: a worker that cannot pull its image, or is OOMKilled over and over, changes
+    none. Without another look, the status said so only at the resync (two minutes), after about five
+    restarts. Spread out by STARTING_LOOKS_PER_SECOND."""
+    if seen is None or TRAINING.pods(seen.child) is None:
+        return None
+    return max(process.config.starting_seconds, len(process.trainingjobs) / STARTING_LOOKS_PER_SECOND)
 
 
 def _keep_kopf_views(process: OperatorProcess, trainingjobs_seen: Index, rayjobs_seen: Index) -> None:

@@ -9,7 +9,10 @@ reconcile instead, every event of a burst stayed in memory until a thread took i
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
@@ -29,6 +32,14 @@ class WorkQueue(Generic[K]):
         self._waiting: dict[K, bool] = {}  # every waiting key -> fresh
         self._running: set[K] = set()
         self._stopped = False
+        # Keys to add later: each key's earliest due time (monotonic) and fresh, and a heap of
+        # (due, tie-breaker, key) one timer thread works through (an entry whose due time is no longer
+        # the key's is stale: skipped).
+        self._due: dict[K, tuple[float, bool]] = {}
+        self._later: list[tuple[float, int, K]] = []
+        self._tie = itertools.count()
+        self._wake = threading.Condition(self._lock)
+        self._timer: threading.Thread | None = None
 
     def add(self, key: K, fresh: bool = False) -> None:
         with self._lock:
@@ -44,10 +55,47 @@ class WorkQueue(Generic[K]):
         self._submit(self._next)
 
     def add_after(self, key: K, delay: float, fresh: bool = False) -> None:
-        """`add` in `delay` seconds (a retry); a timer thread, so nothing is held while it waits."""
-        timer = threading.Timer(delay, self.add, (key, fresh))
-        timer.daemon = True
-        timer.start()
+        """`add` in `delay` seconds (a retry, or a look again at a job that is starting). A key waits
+        for one time at most: the sooner one, fresh ORed. One timer thread for every key, not one per
+        call: at a thousand starting jobs, a thousand sleeping threads."""
+        due = time.monotonic() + delay
+        with self._lock:
+            if self._stopped:
+                return
+            if key in self._due:
+                when, was_fresh = self._due[key]
+                if when <= due:
+                    self._due[key] = (when, was_fresh or fresh)
+                    return
+                fresh = fresh or was_fresh
+            self._due[key] = (due, fresh)
+            heapq.heappush(self._later, (due, next(self._tie), key))
+            if self._timer is None:
+                self._timer = threading.Thread(target=self._add_when_due, name="workqueue-later", daemon=True)
+                self._timer.start()
+            self._wake.notify()
+
+    def waiting_later(self) -> int:
+        """How many keys wait to be added later."""
+        with self._lock:
+            return len(self._due)
+
+    def _add_when_due(self) -> None:
+        """The timer thread: adds each key at its due time, until `stop`."""
+        while True:
+            with self._lock:
+                while not self._stopped:
+                    now = time.monotonic()
+                    if self._later and self._later[0][0] <= now:
+                        due, _, key = heapq.heappop(self._later)
+                        if self._due.get(key, (None, False))[0] == due:
+                            break
+                        continue  # stale: the key was moved sooner
+                    self._wake.wait(self._later[0][0] - now if self._later else None)
+                else:
+                    return
+                _, fresh = self._due.pop(key)
+            self.add(key, fresh)
 
     def stop(self) -> None:
         """Nothing more is handed to `work`: what waits is dropped (a restarted operator lists every
@@ -56,6 +104,9 @@ class WorkQueue(Generic[K]):
             self._stopped = True
             self._order.clear()
             self._waiting.clear()
+            self._due.clear()
+            self._later.clear()
+            self._wake.notify()
 
     def __len__(self) -> int:
         with self._lock:
