@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes
 import pytest
 import yaml
 
@@ -335,8 +336,105 @@ def test_a_retrained_model_rolls_out_in_place_while_requests_keep_succeeding(
     rs = kube.status(RS, names.rayservice_name(SERVING))
     assert rs["activeServiceStatus"]["rayClusterName"] == cluster_before  # in place: same cluster
     print(f"rollout: {len(answers)} requests answered, modelURI switched after {time.monotonic() - t0:.0f}s")
-    kube.delete(MS, SERVING)  # frees the CPUs for what follows
-    wait_for(lambda: kube.get(RS, names.rayservice_name(SERVING)) is None, 120, what="the RayService gone")
+
+
+def test_several_models_serve_side_by_side_and_one_rolls_out_alone(real_node, operator, kube: Kube) -> None:
+    """Issue 33 item 9 on real Serve: the service of the last tests switches to spec.models (two
+    models by name, Serve model multiplexing). status.models names each with the URI Serve was
+    confirmed to serve; a request naming a model in the serve_multiplexed_model_id header gets that
+    model's outputs. Then one model rolls out to another checkpoint: its entry shows targetURI until
+    Serve runs it, the other model answers every request meanwhile, and the URIs swap in the status
+    only as Serve serves them."""
+    cluster = real_node
+    try:
+        wait_for(
+            lambda: phase(kube, MS, SERVING, "Ready") == "Ready", 300, what="the service from the last test"
+        )
+        first, second = (kube.status(TJ, job)["checkpoint"]["model"] for job in (TRAINING, RETRAINED))
+        rows = [[0.02 * (i + 3 * j) for i in range(64)] for j in range(2)]
+        rows, out_first = predict_in_pod(cluster, kube, first, rows)
+        _, out_second = predict_in_pod(cluster, kube, second, rows)
+        path = (
+            f"/api/v1/namespaces/{kube.namespace}/services/{names.rayservice_name(SERVING)}-serve-svc:serve"
+            "/proxy/mlp/predict"
+        )
+
+        def predict(model: str) -> list[float] | None:
+            """A prediction through the API server's service proxy, the model named in Serve's header."""
+            try:
+                res = kube.client.call_api(
+                    path, "POST", header_params={"Content-Type": "application/json",
+                    "serve_multiplexed_model_id": model}, body={"instances": rows},
+                    auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
+                )  # fmt: skip
+            except kubernetes.client.exceptions.ApiException:
+                return None
+            return [y for row in json.loads(res.data)["predictions"] for y in row]
+
+        def models() -> dict[str, dict[str, Any]]:
+            return {m["name"]: m for m in kube.status(MS, SERVING).get("models") or []}
+
+        t0 = time.monotonic()
+        kube.patch(MS, SERVING, {"spec": {"model": None, "models": {
+            "first": {"fromTrainingJob": {"name": TRAINING}}, "second": {"fromTrainingJob": {"name": RETRAINED}},
+        }}})  # fmt: skip
+        wait_for(
+            lambda: (
+                {n: (m.get("uri"), m.get("targetURI")) for n, m in models().items()}
+                == {"first": (first, None), "second": (second, None)}
+            ),
+            240,
+            what="status.models to name both models as served",
+        )
+        status = kube.status(MS, SERVING)
+        assert status["modelCount"] == 2 and status["phase"] == "Ready" and "modelURI" not in status, status
+        flat_first, flat_second = ([y for row in out for y in row] for out in (out_first, out_second))
+        assert predict("first") == pytest.approx(flat_first, rel=1e-5, abs=1e-6)
+        assert predict("second") == pytest.approx(flat_second, rel=1e-5, abs=1e-6)
+        print(f"spec.models: both models served and named in the status after {time.monotonic() - t0:.0f}s")
+
+        # One model rolls out alone: "first" to the retrained checkpoint; "second" keeps answering.
+        # (status.models as read before the requests, "first"'s answer, "second"'s answer)
+        answers: list[tuple[dict[str, Any], list[float] | None, list[float] | None]] = []
+        stop = threading.Event()
+
+        def load() -> None:
+            while not stop.is_set():
+                answers.append((models(), predict("first"), predict("second")))
+                time.sleep(0.2)
+
+        t0 = time.monotonic()
+        worker = threading.Thread(target=load, daemon=True)
+        worker.start()
+        try:
+            kube.patch(MS, SERVING, {"spec": {"models": {"first": {"fromTrainingJob": {"name": RETRAINED}}}}})
+            wait_for(
+                lambda: models()["first"].get("uri") == second and "targetURI" not in models()["first"],
+                240,
+                what="'first' served from the retrained checkpoint",
+            )
+            time.sleep(2)
+        finally:
+            stop.set()
+            worker.join(30)
+        failed = [a for a in answers if a[1] is None or a[2] is None]
+        assert answers and not failed, f"{len(failed)} of {len(answers)} rounds had a failed request"
+        assert all(b == pytest.approx(flat_second, rel=1e-5, abs=1e-6) for _, _, b in answers)
+        assert all(m["second"].get("uri") == second and "targetURI" not in m["second"] for m, _, _ in answers)
+        # Once the status names the new model for "first", Serve answers "first" with it.
+        after = [a for m, a, _ in answers if m["first"].get("uri") == second]
+        assert after and all(a == pytest.approx(flat_second, rel=1e-5, abs=1e-6) for a in after)
+        assert any(m["first"].get("targetURI") == second for m, _, _ in answers), (
+            "no targetURI during the rollout"
+        )
+        print(
+            f"spec.models: 'first' rolled out in {time.monotonic() - t0:.0f}s; {len(answers)} rounds of requests answered"
+        )
+    finally:
+        kube.delete(MS, SERVING)  # frees the CPUs for what follows
+        wait_for(
+            lambda: kube.get(RS, names.rayservice_name(SERVING)) is None, 120, what="the RayService gone"
+        )
 
 
 def test_a_model_that_cannot_load_fails_with_serves_reason(real_node, operator, kube: Kube) -> None:
