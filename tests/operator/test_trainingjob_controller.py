@@ -125,6 +125,28 @@ def test_pods_that_cannot_start_are_explained(kube: Kube, operator, change, reas
     )
 
 
+def test_a_resourcequota_refusing_the_ray_pods_is_named(kube: Kube, operator) -> None:
+    """No Ray pod exists to say why (the API server refused to create it): the TrainingJob says it,
+    from KubeRay's own ReplicaFailure condition, with the quota's words, and warns once."""
+    kube.pvc()
+    kube.core.create_namespaced_resource_quota(
+        kube.namespace, {"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}}
+    )
+    kube.create(TJ, sample("quota"))
+    cond = wait_for(
+        lambda: (c := kube.condition(TJ, "quota", "Running")).get("reason") == "ResourceQuotaExceeded" and c,
+        90,
+        what="the Running condition to say ResourceQuotaExceeded",
+    )
+    assert kube.status(TJ, "quota")["phase"] == "Pending"
+    assert "exceeded quota: no-pods" in cond["message"], cond["message"]
+    wait_for(
+        lambda: [e for e in kube.events("quota") if e[:2] == ("Warning", "ResourceQuotaExceeded")],
+        30,
+        what="a Warning Event ResourceQuotaExceeded",
+    )
+
+
 def test_a_pod_that_cannot_start_is_named_without_waiting_for_the_resync(kube: Kube, cluster) -> None:
     """Its image cannot be pulled: the pod changes, its RayJob does not, so no event comes. The
     operator looks at a starting job again (`RAYSHIP_STARTING_SECONDS`), not only at the resync (here

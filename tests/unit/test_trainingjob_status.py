@@ -97,6 +97,58 @@ def test_failure_reason_and_message_come_from_kuberay() -> None:
     assert "deadline passed" in failed["message"] and "attempts failed: 3" in failed["message"]
 
 
+@pytest.mark.parametrize(
+    ("deployment", "job", "reason"),
+    [
+        ("Running", "Failure", "UnknownRayJobState"),  # a state rayship does not know
+        ("Running", "", "JobSubmitting"),  # a known one that waits
+        ("Initializing", "", "ClusterInitializing"),
+    ],
+)
+def test_a_waiting_job_says_what_kuberay_says(deployment: str, job: str, reason: str) -> None:
+    """Seen: a job whose head never answered sat Pending for 12 minutes saying only "unrecognised
+    RayJob state" while KubeRay's status.message said why."""
+    said = "error trying to reach service: dial tcp 10.244.4.7:8265: connect: connection refused"
+    st = derive(obs(rayjob(deployment, job, message=said)), NOW)
+    running = conditions(st)["Running"]
+    assert (st["phase"], running["reason"]) == ("Pending", reason)
+    assert running["message"].endswith(f"KubeRay says: {said}"), running["message"]
+    if reason == "UnknownRayJobState":
+        assert f"{deployment}/{job}" in running["message"]
+
+
+@pytest.mark.parametrize(
+    ("kuberay_reason", "said", "reason"),
+    [
+        (
+            "FailedCreateHeadPod",
+            'pods "rj-head-x" is forbidden: exceeded quota: no-pods, requested: pods=1, used: pods=0, limited: pods=0',
+            "ResourceQuotaExceeded",
+        ),
+        ("FailedCreateWorkerPod", "admission webhook denied the request", "FailedCreateWorkerPod"),
+        ("FailedSomethingNew", "a later KubeRay's reason", "ReplicaFailure"),
+    ],
+)
+def test_a_ray_pod_kuberay_could_not_create_is_named(kuberay_reason: str, said: str, reason: str) -> None:
+    """No pod exists to say why: KubeRay's RayCluster does, in its ReplicaFailure condition, which the
+    RayJob mirrors (status.rayClusterStatus) while its cluster is not ready."""
+    cluster = {
+        "conditions": [
+            {"type": "ReplicaFailure", "status": "True", "reason": kuberay_reason, "message": said}
+        ]
+    }
+    st = derive(obs(rayjob("Initializing", rayClusterStatus=cluster)), NOW)
+    running = conditions(st)["Running"]
+    assert (st["phase"], running["reason"]) == ("Pending", reason)
+    assert said in running["message"] and kuberay_reason in running["message"]
+    events = trainingjob.announce({"phase": "Pending"}, st)  # a Warning when it starts being said
+    assert [(e.type, e.reason) for e in events if e.type == "Warning"] == [("Warning", reason)]
+    cluster["conditions"][0]["status"] = "False"  # KubeRay removes it once pods are made: nothing said
+    assert conditions(derive(obs(rayjob("Initializing", rayClusterStatus=cluster)), NOW))["Running"][
+        "reason"
+    ] == ("ClusterInitializing")
+
+
 def test_failure_without_kuberay_message_still_says_what_happened() -> None:
     failed = conditions(derive(obs(rayjob("Failed", "FAILED")), NOW))["Failed"]
     assert "jobDeploymentStatus=Failed" in failed["message"] and "jobStatus=FAILED" in failed["message"]

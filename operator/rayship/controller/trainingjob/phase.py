@@ -18,7 +18,7 @@ from rayship.controller.conditions import (
     parse_time,
     pod_problem,
 )
-from rayship.controller.trainingjob.rayjob import STUCK_REASONS
+from rayship.controller.trainingjob.rayjob import REPLICA_FAILURE_REASONS, STUCK_REASONS
 
 ANY = "*"
 CREATED = "RayJobCreated"  # the reason of the phase a new RayJob starts in, and of its creation's Event
@@ -98,9 +98,15 @@ def phase_of(rayjob_status: Mapping[str, Any]) -> tuple[str, str, str]:
     deployment = rayjob_status.get("jobDeploymentStatus") or ""
     job = rayjob_status.get("jobStatus") or ""
     entry = PHASE_TABLE.get((deployment, job)) or PHASE_TABLE.get((deployment, ANY))
+    said = str(rayjob_status.get("message") or "")
     if entry is None:
-        return ("Pending", "UnknownRayJobState", f"unrecognised RayJob state {deployment!r}/{job!r}")
+        # KubeRay's own words, whatever the state: a user must not read only "unknown" while KubeRay
+        # says why (e.g. `dial tcp ...:8265: connect: connection refused`).
+        message = f"RayJob state {deployment or 'none'}/{job or 'none'}, unknown to rayship"
+        return "Pending", "UnknownRayJobState", f"{message}; KubeRay says: {said}" if said else message
     phase, reason, message = entry
+    if phase == "Pending" and said and message:
+        message = f"{message}; KubeRay says: {said}"  # e.g. why a submission cannot reach the dashboard
     if phase == "Failed":
         reason = rayjob_status.get("reason") or reason  # KubeRay's own: AppFailed, DeadlineExceeded...
         detail = (
@@ -110,6 +116,21 @@ def phase_of(rayjob_status: Mapping[str, Any]) -> tuple[str, str, str]:
     elif reason == "Retrying":
         message = f"{message} (attempts failed so far: {rayjob_status.get('failed') or 0})"
     return phase, reason, message or ""
+
+
+def replica_failure(rayjob_status: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) when KubeRay could not create a Ray pod, e.g. a ResourceQuota refused it:
+    no pod exists to say so; KubeRay's RayCluster does (its ReplicaFailure condition, which the RayJob
+    mirrors while its cluster is not ready)."""
+    cluster = rayjob_status.get("rayClusterStatus") or {}
+    failure = find(cluster, "ReplicaFailure")
+    if failure.get("status") != "True":
+        return None
+    said = str(failure.get("message") or "")
+    reason = "ResourceQuotaExceeded" if "exceeded quota" in said else str(failure.get("reason") or "")
+    if reason not in REPLICA_FAILURE_REASONS:  # a reason of a later KubeRay
+        reason = "ReplicaFailure"
+    return reason, f"KubeRay could not create or delete a Ray pod ({failure.get('reason')}): {said}"
 
 
 def _condition(
@@ -138,6 +159,8 @@ def derive(obs: Observation, now: datetime) -> dict[str, Any]:
         phase, reason, message = phase_of(rayjob_status)
         if phase == "Pending" and obs.pods is not None:
             reason, message = obs.pods[0], f"{message}: {obs.pods[1]}"
+        elif phase == "Pending" and (refused := replica_failure(rayjob_status)) is not None:
+            reason, message = refused[0], f"{message}: {refused[1]}"
         if phase == "Suspended" and obs.queue:
             phase, reason = "Pending", "Queued"
             message = f"waiting for admission by Kueue (queue {obs.queue}); Kueue starts the Ray cluster"

@@ -20,7 +20,13 @@ from rayship.controller.conditions import (
     STUCK_WAITING_REASONS,
 )
 
-STUCK_REASONS = frozenset({"Unschedulable", "OOMKilled"}) | STUCK_WAITING_REASONS
+# KubeRay could not create or delete a Ray pod (its RayCluster's ReplicaFailure condition, with
+# KubeRay v1.6's reasons; `phase.replica_failure`), a ResourceQuota's refusal named as such.
+REPLICA_FAILURE_REASONS = frozenset(
+    {"ResourceQuotaExceeded", "FailedCreateHeadPod", "FailedCreateWorkerPod", "FailedDeleteHeadPod",
+     "FailedDeleteWorkerPod", "FailedDeleteAllPods", "ReplicaFailure"}
+)  # fmt: skip
+STUCK_REASONS = frozenset({"Unschedulable", "OOMKilled"}) | STUCK_WAITING_REASONS | REPLICA_FAILURE_REASONS
 JOB_MODULE = "rayship_workloads.job"  # the workload driver: `python -m rayship_workloads.job --spec`
 
 
