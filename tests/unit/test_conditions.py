@@ -97,3 +97,29 @@ def test_pod_problem_names_a_container_the_oom_killer_ended_until_it_runs_again(
         "w-0", containerStatuses=[{"name": "ray-worker", "lastState": killed, "state": {"running": {}}}]
     )
     assert pod_problem([running]) is None  # it came back: no longer the reason it waits
+
+
+def test_a_crash_loop_is_named_with_the_last_line_its_container_logged() -> None:
+    """The Ray containers' termination message is their log's tail (FallbackToLogsOnError): a crash
+    loop is named with its exit code and last line, not only "back-off 40s"."""
+    from rayship.config import OperatorConfig
+    from rayship.controller import pods
+    from rayship.controller.conditions import pod_problem
+
+    template = pods.pod_template(
+        OperatorConfig(), image="i", container="ray-worker", cpus=1, memory="1Gi", gpus=0, labels={}, env=[]
+    )
+    assert template["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    tail = "Traceback (most recent call last):\n  File \"x.py\", line 3\nModuleNotFoundError: No module named 'mylib'\n\n"
+    crashed = {"terminated": {"reason": "Error", "exitCode": 1, "message": tail}}
+    looping = _pod("w-0", containerStatuses=[{"name": "ray-worker", "lastState": crashed, "state": {"waiting": {
+        "reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container=ray-worker"}}}])  # fmt: skip
+    assert pod_problem([looping]) == (
+        "CrashLoopBackOff",
+        "pod w-0, container ray-worker: CrashLoopBackOff: back-off 40s restarting failed container=ray-worker; "
+        "it exited with code 1: ModuleNotFoundError: No module named 'mylib'",
+    )
+    crashed["terminated"]["message"] = ""  # a container that logged nothing
+    assert pod_problem([looping])[1].endswith("; it exited with code 1")
+    crashed["terminated"].update(exitCode=0, message="done")  # an earlier run that ended well says nothing
+    assert pod_problem([looping])[1].endswith("container=ray-worker")

@@ -124,10 +124,20 @@ def pod_problem(pods: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
                 return "OOMKilled", f"pod {name}, container {container.get('name')}: {killed}"
             if waiting.get("reason") in STUCK_WAITING_REASONS:
                 detail = f": {waiting['message']}" if waiting.get("message") else ""
-                return str(
-                    waiting["reason"]
-                ), f"pod {name}, container {container.get('name')}: {waiting['reason']}{detail}"
+                said = f"pod {name}, container {container.get('name')}: {waiting['reason']}{detail}"
+                return str(waiting["reason"]), said + last_words(container)
     return None
+
+
+def last_words(container: Mapping[str, Any]) -> str:
+    """ "; it exited with code N: <its last log line>" for a container that ended in error (its
+    termination message: the log's tail, by FallbackToLogsOnError), or ""."""
+    ended = (container.get("lastState") or {}).get("terminated") or {}
+    if not ended or ended.get("exitCode") == 0:
+        return ""
+    lines = [line.strip() for line in str(ended.get("message") or "").splitlines() if line.strip()]
+    said = f"; it exited with code {ended.get('exitCode')}"
+    return f"{said}: {truncate(lines[-1], 300)}" if lines else said
 
 
 def _oom_killed(container: Mapping[str, Any]) -> str | None:

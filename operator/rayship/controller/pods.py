@@ -122,6 +122,10 @@ def pod_template(
                 # /dev/shm in memory: NCCL and DataLoader workers need more than Docker's 64 MB
                 "volumeMounts": [{"name": names.SHM_VOLUME, "mountPath": "/dev/shm"}, *volumes[1]],
                 "securityContext": container_security_context(config),
+                # A container that exits with an error leaves its log's tail as its termination
+                # message (kubelet: the last 80 lines, 2 KB at most): the status names a crash loop
+                # with its last line, read from the pod, not from logs gone with the cluster.
+                "terminationMessagePolicy": "FallbackToLogsOnError",
             }
         ],
         "volumes": [
