@@ -147,6 +147,37 @@ def test_a_resourcequota_refusing_the_ray_pods_is_named(kube: Kube, operator) ->
     )
 
 
+def test_a_job_stuck_past_its_startup_deadline_fails_and_frees_its_cluster_at_once(
+    kube: Kube, operator
+) -> None:
+    """spec.startupDeadlineSeconds on real KubeRay: the RayJob fails (no retry left), the status says
+    what it was stuck on, and the RayCluster goes now, not after ttlSecondsAfterFinished (10 min)."""
+    kube.pvc()
+    spec = {
+        "image": "registry.invalid/doesnotexist:1",
+        "startupDeadlineSeconds": 30,
+        "failurePolicy": {"retries": 0},
+    }
+    kube.create(TJ, sample("late", **spec))
+    cluster = wait_for(lambda: kube.status(TJ, "late").get("rayClusterName"), 60, what="the RayCluster name")
+    t0 = time.monotonic()
+    failed = wait_for(
+        lambda: (c := kube.condition(TJ, "late", "Failed")).get("status") == "True" and c,
+        90,
+        what="the job Failed",
+    )
+    assert failed["reason"] == "StartupDeadlineExceeded", failed
+    assert "it was stuck: " in failed["message"] and "ImagePullBackOff" in failed["message"], failed[
+        "message"
+    ]
+    wait_for(lambda: kube.get(RAYCLUSTERS, cluster) is None, 60, what="the RayCluster deleted")
+    print(
+        f"startup deadline: Failed, and its RayCluster gone {time.monotonic() - t0:.0f}s after it was named"
+    )
+    assert kube.get(api.RAYJOBS, names.rayjob_name("late"))["spec"]["ttlSecondsAfterFinished"] == 0
+    assert kube.status(TJ, "late")["phase"] == "Failed"  # and it stays so with its cluster gone
+
+
 def test_a_pod_that_cannot_start_is_named_without_waiting_for_the_resync(kube: Kube, cluster) -> None:
     """Its image cannot be pulled: the pod changes, its RayJob does not, so no event comes. The
     operator looks at a starting job again (`RAYSHIP_STARTING_SECONDS`), not only at the resync (here

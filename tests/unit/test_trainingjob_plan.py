@@ -176,3 +176,43 @@ def test_kueue_owns_suspend_of_a_queued_job() -> None:
     edited["spec"]["suspend"] = True
     todo = plan(edited, rayjob, None, CONFIG)
     assert todo.patch is None and todo.context.unapplied == ("suspend",)
+
+
+def test_a_job_past_its_startup_deadline_frees_its_cluster_at_once_and_says_what_it_was_stuck_on() -> None:
+    """spec.startupDeadlineSeconds is KubeRay's preRunningDeadlineSeconds; once KubeRay fails the
+    RayJob for it (no retry left), its cluster is deleted now, not after ttlSecondsAfterFinished, and
+    the status names the deadline and what the last status said the job was stuck on."""
+    from datetime import UTC, datetime
+
+    from rayship.controller.trainingjob import status as derive_status
+
+    doc = trainingjob()
+    doc["spec"]["startupDeadlineSeconds"] = 300
+    rayjob = launched(doc)
+    assert rayjob["spec"]["preRunningDeadlineSeconds"] == 300
+    assert "preRunningDeadlineSeconds" not in launched(trainingjob())["spec"]  # not set: no deadline
+    stuck = "the Ray cluster is starting: pod mlp-ddp-w-0, container ray-worker: ImagePullBackOff"
+    running = {"type": "Running", "status": "False", "reason": "ImagePullBackOff", "message": stuck}
+    doc["status"] = {"phase": "Pending", "conditions": [running]}
+    rayjob["status"] = {
+        "jobDeploymentStatus": "Retrying",
+        "reason": "PreRunningDeadlineExceeded",
+        "failed": 1,
+    }
+    assert plan(doc, rayjob, None, CONFIG).patch is None  # KubeRay retries on a new cluster itself
+
+    rayjob["status"].update(
+        jobDeploymentStatus="Failed", failed=3, message="passed the preRunningDeadlineSeconds"
+    )
+    todo = plan(doc, rayjob, None, CONFIG)
+    assert todo.patch == {"spec": {"ttlSecondsAfterFinished": 0}}
+    assert todo.on_patch is not None and todo.on_patch.reason == "StartupDeadlineExceeded"
+    st = derive_status(doc, rayjob, todo, [], datetime(2026, 11, 27, tzinfo=UTC))
+    failed = next(c for c in st["conditions"] if c["type"] == "Failed")
+    assert (st["phase"], failed["status"], failed["reason"]) == ("Failed", "True", "StartupDeadlineExceeded")
+    assert (
+        f"it was stuck: {stuck}" in failed["message"] and "spec.startupDeadlineSeconds" in failed["message"]
+    )
+
+    rayjob["spec"]["ttlSecondsAfterFinished"] = 0  # patched: nothing more to do
+    assert plan(doc, rayjob, None, CONFIG).patch is None

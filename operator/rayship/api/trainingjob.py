@@ -332,6 +332,15 @@ class TrainingJobSpec(ApiModel):
     ttl_seconds_after_finished: int = Field(
         600, ge=0, le=INT32_MAX, description="Seconds the finished Ray cluster lingers before it is deleted."
     )
+    startup_deadline_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=INT32_MAX,
+        description="Fail an attempt whose Ray cluster is not running this many seconds after the attempt "
+        "started (KubeRay's preRunningDeadlineSeconds): the status says what it was stuck on and its Ray "
+        "cluster is deleted at once, whatever ttlSecondsAfterFinished says, so a stuck job holds no GPUs. "
+        "KubeRay retries it on a new cluster up to failurePolicy.retries times.",
+    )
     suspend: bool = Field(False, description="Suspend: delete the Ray cluster (can be resumed).")
     scheduling: SchedulingSpec = sub(SchedulingSpec, "Queue and priority.")
     tuning: TuningSpec | None = Field(

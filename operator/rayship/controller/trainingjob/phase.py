@@ -22,6 +22,8 @@ from rayship.controller.trainingjob.rayjob import REPLICA_FAILURE_REASONS, STUCK
 
 ANY = "*"
 CREATED = "RayJobCreated"  # the reason of the phase a new RayJob starts in, and of its creation's Event
+STARTUP_DEADLINE = "StartupDeadlineExceeded"  # spec.startupDeadlineSeconds passed (KubeRay: PreRunning...)
+KUBERAY_STARTUP_DEADLINE = "PreRunningDeadlineExceeded"
 
 # (jobDeploymentStatus, jobStatus) -> (phase, reason, message). KubeRay v1.7 values.
 # A message of None means "use the RayJob's own status.message".
@@ -118,6 +120,19 @@ def phase_of(rayjob_status: Mapping[str, Any]) -> tuple[str, str, str]:
     return phase, reason, message or ""
 
 
+def startup_deadline_passed(rayjob: Mapping[str, Any]) -> bool:
+    """KubeRay failed the RayJob for good because its cluster was not running by
+    spec.startupDeadlineSeconds (preRunningDeadlineSeconds); not while it retries."""
+    st = rayjob.get("status") or {}
+    return st.get("jobDeploymentStatus") == "Failed" and st.get("reason") == KUBERAY_STARTUP_DEADLINE
+
+
+def _stuck_on(current: Mapping[str, Any]) -> str:
+    """What the stored status last said a starting job was stuck on ("" if nothing)."""
+    cond = find(current, "Running")
+    return str(cond.get("message") or "") if cond.get("reason") in STUCK_REASONS else ""
+
+
 def replica_failure(rayjob_status: Mapping[str, Any]) -> tuple[str, str] | None:
     """(reason, message) when KubeRay could not create a Ray pod, e.g. a ResourceQuota refused it:
     no pod exists to say so; KubeRay's RayCluster does (its ReplicaFailure condition, which the RayJob
@@ -157,6 +172,13 @@ def derive(obs: Observation, now: datetime) -> dict[str, Any]:
     rayjob_status: Mapping[str, Any] = (obs.rayjob or {}).get("status") or {}
     if obs.rayjob is not None:
         phase, reason, message = phase_of(rayjob_status)
+        if phase == "Failed" and reason == KUBERAY_STARTUP_DEADLINE:
+            stuck = _stuck_on(obs.current)
+            reason = STARTUP_DEADLINE
+            message = (
+                f"the Ray cluster was not running by spec.startupDeadlineSeconds"
+                f"{f'; it was stuck: {stuck}' if stuck else ''}; its Ray cluster is deleted ({message})"
+            )
         if phase == "Pending" and obs.pods is not None:
             reason, message = obs.pods[0], f"{message}: {obs.pods[1]}"
         elif phase == "Pending" and (refused := replica_failure(rayjob_status)) is not None:

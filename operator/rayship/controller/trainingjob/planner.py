@@ -18,7 +18,12 @@ from rayship.controller.conditions import (
     describe_foreign,
     ownership,
 )
-from rayship.controller.trainingjob.phase import CREATED, Observation
+from rayship.controller.trainingjob.phase import (
+    CREATED,
+    STARTUP_DEADLINE,
+    Observation,
+    startup_deadline_passed,
+)
 from rayship.controller.trainingjob.rayjob import (
     applied_record,
     digested,
@@ -117,9 +122,18 @@ def _edits(tj: api.TrainingJob, rayjob: Mapping[str, Any], rayjob_name: str, obs
             "spec": {p: wanted[p] for p in mutable},
         }
     unapplied = tuple(p for p in edits if p not in mutable)
+    on_patch = Event("Normal", "RayJobUpdated", f"applied {sorted(mutable)}")
+    if startup_deadline_passed(rayjob) and (rayjob.get("spec") or {}).get("ttlSecondsAfterFinished") != 0:
+        # The cluster never ran: nothing in it is worth keeping for ttlSecondsAfterFinished, and its
+        # pods may hold GPUs. KubeRay reads the TTL at each reconcile (our patch is one): deleted now.
+        patch = patch or {"spec": {}}
+        patch["spec"]["ttlSecondsAfterFinished"] = 0
+        on_patch = Event(
+            "Normal", STARTUP_DEADLINE, "the Ray cluster never started: KubeRay deletes it now (TTL set to 0)"
+        )
     return Plan(
         rayjob_name,
         patch=patch,
-        on_patch=Event("Normal", "RayJobUpdated", f"applied {sorted(mutable)}"),
+        on_patch=on_patch,
         context=replace(observed, unapplied=unapplied),
     )

@@ -261,6 +261,8 @@ def _build(tj: api.TrainingJob, config: OperatorConfig) -> tuple[dict[str, Any],
         rayjob_spec["runtimeEnvYAML"] = yaml.safe_dump(runtime_env, sort_keys=True)
     if spec.failure_policy.active_deadline_seconds is not None:
         rayjob_spec["activeDeadlineSeconds"] = spec.failure_policy.active_deadline_seconds
+    if spec.startup_deadline_seconds is not None:
+        rayjob_spec["preRunningDeadlineSeconds"] = spec.startup_deadline_seconds
     metadata = _rayjob_metadata(tj, labels, wired)
     return secret, {
         "apiVersion": pods.RAY_API_VERSION,
