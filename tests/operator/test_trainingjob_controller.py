@@ -100,16 +100,31 @@ def test_round_trip_on_real_kuberay_scheduler_and_gc(kube: Kube, operator) -> No
     )  # fmt: skip
 
 
+UNBOUND_CHECKPOINTS = {
+    "checkpoint": {
+        "storage": {"pvc": {"claimName": "never-bound", "mountPath": "/mnt/checkpoints"}},
+        "keep": 2,
+    }
+}
+
+
 @pytest.mark.parametrize(
     ("change", "reason", "words"),
     [
         ({"workers": {**GPU_WORKERS, "gpuProduct": "NVIDIA-H200"}}, "Unschedulable", "node"),
         ({"image": "registry.invalid/doesnotexist:1"}, "ImagePullBackOff", "ImagePullBackOff"),
+        (UNBOUND_CHECKPOINTS, "Unschedulable", "PersistentVolumeClaim"),
     ],
-    ids=["no-node-has-the-gpu-product", "image-cannot-be-pulled"],
+    ids=["no-node-has-the-gpu-product", "image-cannot-be-pulled", "checkpoint-pvc-never-binds"],
 )
 def test_pods_that_cannot_start_are_explained(kube: Kube, operator, change, reason, words) -> None:
     kube.pvc()
+    # A claim no StorageClass can provision (its class does not exist): it stays Pending.
+    kube.core.create_namespaced_persistent_volume_claim(kube.namespace, {
+        "metadata": {"name": "never-bound"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "none-such",
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    })  # fmt: skip
     kube.create(TJ, sample("stuck", **change))
     cond = wait_for(
         lambda: (c := kube.condition(TJ, "stuck", "Running")).get("reason") == reason and c,
