@@ -496,6 +496,10 @@ def test_what_users_hit_first_is_named_in_the_status_with_the_pod(real_node, ope
             lambda: reason("too-small", "OOMKilled", "CrashLoopBackOff"), 300, what="the worker's crash"
         )
         assert "pod too-small-" in found["message"] and "container ray-worker" in found["message"], found
+        if found["reason"] == "CrashLoopBackOff":  # its log's tail, as its termination message
+            assert "; it exited with code " in found["message"], found
+        last = kube.status(TJ, "too-small").get("lastError") or {}
+        assert "pod too-small-" in last.get("message", "") and last.get("attempt") == 1, last
         print(f"first problems: {found['message']}")
     finally:
         gone("too-small")

@@ -315,3 +315,41 @@ def test_the_phase_a_new_rayjob_starts_in_is_not_announced_again() -> None:
         "conditions": [{"type": "Running", "status": "True", "reason": "JobRunning", "message": "training"}],
     }
     assert [e.reason for e in trainingjob.announce(created, initializing)] == ["JobRunning"]
+
+
+def test_last_error_names_a_crashing_container_then_a_failed_attempts_driver_error_and_is_kept() -> None:
+    """status.lastError: a Ray container crashing (its pod and container named), or a failed
+    attempt's error line from the Ray job's log tail (KubeRay's message); kept across attempts and
+    unchanged (time included) while the same error is seen again."""
+    crash = (
+        "CrashLoopBackOff",
+        "pod w-0, container ray-worker: CrashLoopBackOff; it exited with code 1: KeyError: 'x'",
+    )
+    st = derive(obs(rayjob("Initializing"), pods=crash), NOW)
+    assert st["lastError"] == {
+        "message": crash[1],
+        "source": "pod",
+        "attempt": 1,
+        "time": "2026-11-22T12:00:00Z",
+    }
+    later = NOW + timedelta(seconds=30)
+    assert derive(obs(rayjob("Initializing"), current=st, pods=crash), later)["lastError"] == st["lastError"]
+    # A pod that cannot be pulled is a reason to wait, not an error of the job: nothing new.
+    pulling = ("ImagePullBackOff", "pod w-0, container ray-worker: ImagePullBackOff")
+    assert "lastError" not in derive(obs(rayjob("Initializing"), pods=pulling), NOW)
+
+    log = (
+        "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):\n"
+        'Traceback (most recent call last):\n  File "train.py", line 9, in loop\n'
+        "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error\n"
+        "\n(exited)\n"
+    )
+    retrying = rayjob("Retrying", "FAILED", message=log, failed=1)
+    st2 = derive(obs(retrying, current=st), later)
+    assert st2["lastError"]["source"] == "driver" and st2["lastError"]["attempt"] == 1  # the one that failed
+    assert st2["attempt"] == 2
+    assert st2["lastError"]["message"].startswith("torch.distributed.DistBackendError: NCCL error")
+    running = derive(obs(rayjob("Running", "RUNNING", failed=1), current=st2), later + timedelta(seconds=60))
+    assert running["lastError"] == st2["lastError"]  # the next attempt runs: the error stays on record
+    failed = derive(obs(rayjob("Failed", "FAILED", message="no traceback here\nonly words", failed=3)), NOW)
+    assert failed["lastError"]["message"] == "only words"  # nothing looks like an error: the last line

@@ -295,14 +295,18 @@ class PrinterColumn:
     type: str
     json_path: str
     description: str
+    priority: int = 0  # 1: shown by `kubectl get -o wide` only
 
-    def as_crd(self) -> dict[str, str]:
-        return {
+    def as_crd(self) -> dict[str, str | int]:
+        column: dict[str, str | int] = {
             "name": self.name,
             "type": self.type,
             "jsonPath": self.json_path,
             "description": self.description,
         }
+        if self.priority:
+            column["priority"] = self.priority
+        return column
 
 
 @dataclass(frozen=True)

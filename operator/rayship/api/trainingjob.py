@@ -415,6 +415,22 @@ class TuningStatus(ApiModel):
     best_config: dict[str, Any] = Field(default_factory=dict, description="Its hyperparameters.")
 
 
+class LastError(ApiModel):
+    """The job's last error, kept until a later one replaces it (across attempts)."""
+
+    message: str = Field(
+        ...,
+        description="Its last line: the exception, OOM kill or timeout; from a pod, the pod and container "
+        "are named in it.",
+    )
+    source: Literal["pod", "driver"] = Field(
+        ...,
+        description="pod: a Ray container's (its state, its log's tail); driver: the Ray job's, as KubeRay reported it.",
+    )
+    attempt: int | None = Field(None, ge=1, description="The attempt it ended or held up.")
+    time: str | None = Field(None, description="When the operator saw it (RFC 3339).")
+
+
 class TrainingJobStatus(ApiModel):
     """Observed state, mirrored from the RayJob by the operator."""
 
@@ -444,6 +460,7 @@ class TrainingJobStatus(ApiModel):
         None, ge=0, description="The part of gpuSeconds from attempts before the current one."
     )
     attempt: int | None = Field(None, ge=1, description="Current attempt (KubeRay retries: backoffLimit).")
+    last_error: LastError | None = Field(None, description="The last error of the job's Ray pods or driver.")
     progress: ProgressStatus | None = Field(None, description="Training progress.")
     checkpoint: CheckpointStatus | None = Field(None, description="Checkpoints and exported model.")
     tuning: TuningStatus | None = Field(None, description="Hyperparameter search result.")
@@ -483,5 +500,8 @@ TRAINING_JOB = Kind(
         PrinterColumn("Epoch", "integer", ".status.progress.epoch", "Last completed epoch."),
         PrinterColumn("Loss", "number", ".status.progress.metrics.loss", "Latest training loss."),
         PrinterColumn("Age", "date", ".metadata.creationTimestamp", "Time since creation."),
+        PrinterColumn(
+            "Last Error", "string", ".status.lastError.message", "The job's last error.", priority=1
+        ),
     ),
 )

@@ -4,6 +4,7 @@ fields are returned: `progress`, `checkpoint` and `tuning` belong to the workloa
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -17,6 +18,8 @@ from rayship.controller.conditions import (
     find,
     parse_time,
     pod_problem,
+    rfc3339,
+    truncate,
 )
 from rayship.controller.trainingjob.rayjob import REPLICA_FAILURE_REASONS, STUCK_REASONS
 
@@ -207,7 +210,64 @@ def derive(obs: Observation, now: datetime) -> dict[str, Any]:
 
     status: dict[str, Any] = {"phase": phase, "observedGeneration": obs.generation, "conditions": conditions}
     status.update(_rayjob_fields(obs, rayjob_status, phase, now))
+    if (last := last_error(obs, rayjob_status, phase, reason, status.get("attempt"), now)) is not None:
+        status["lastError"] = last
     return status
+
+
+# Pod problems that are errors of the job's own containers (not of scheduling or pulling).
+CRASH_REASONS = frozenset({"CrashLoopBackOff", "OOMKilled", "RunContainerError", "CreateContainerError"})
+# Reasons of a RayJob whose attempt failed, KubeRay's message then being the Ray job's own.
+ATTEMPT_FAILED_REASONS = frozenset({"AttemptEnded", "Retrying"})
+# A line of a driver's log worth naming: an exception, a kill, a timeout.
+_ERROR_LINE = re.compile(r"(Error|Exception|Killed|killed|Timeout|timed out|OOM|out of memory|NCCL)")
+
+
+def last_error(
+    obs: Observation,
+    rayjob_status: Mapping[str, Any],
+    phase: str,
+    reason: str,
+    attempt: int | None,
+    now: datetime,
+) -> dict[str, Any] | None:
+    """status.lastError: a crashing Ray container (from its pod), or a failed attempt's driver error
+    (KubeRay's message: the Ray job's log tail); else what the stored status said. The same error
+    seen again keeps its entry (and time): a status written only when it changed."""
+    stored = obs.current.get("lastError")
+    found: tuple[str, str] | None = None
+    if obs.pods is not None and obs.pods[0] in CRASH_REASONS:
+        found = "pod", obs.pods[1]
+    elif (phase == "Failed" or reason in ATTEMPT_FAILED_REASONS) and rayjob_status.get("message"):
+        found = "driver", error_line(str(rayjob_status["message"]))
+        if reason == "Retrying" and attempt:  # KubeRay counted the failure: `attempt` is the next one
+            attempt = max(1, attempt - 1)
+    if found is None:
+        return dict(stored) if isinstance(stored, Mapping) else None
+    source, message = found[0], truncate(found[1], 1024)
+    if isinstance(stored, Mapping) and (
+        stored.get("source"),
+        stored.get("message"),
+        stored.get("attempt"),
+    ) == (
+        source,
+        message,
+        attempt,
+    ):
+        return dict(stored)
+    entry: dict[str, Any] = {"message": message, "source": source, "time": rfc3339(now)}
+    if attempt is not None:
+        entry["attempt"] = attempt
+    return entry
+
+
+def error_line(log: str) -> str:
+    """The line of a log tail that names the error: the last one that looks like one (a traceback
+    ends with its exception), else the last line."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    if not lines:
+        return log.strip()
+    return next((line for line in reversed(lines) if _ERROR_LINE.search(line)), lines[-1])
 
 
 def _lost(obs: Observation) -> tuple[str, str, str]:
