@@ -353,3 +353,78 @@ def test_last_error_names_a_crashing_container_then_a_failed_attempts_driver_err
     assert running["lastError"] == st2["lastError"]  # the next attempt runs: the error stays on record
     failed = derive(obs(rayjob("Failed", "FAILED", message="no traceback here\nonly words", failed=3)), NOW)
     assert failed["lastError"]["message"] == "only words"  # nothing looks like an error: the last line
+
+
+def test_a_job_killed_twice_has_three_attempts_on_record_whose_figures_add_up_to_the_totals() -> None:
+    """status.attempts from what the operator sees, pass by pass: KubeRay's startTime changing at each
+    attempt, its failure count, the workload's progress. Each attempt says what it resumed from and
+    reached; their GPU- and CPU-seconds add up to the job's totals; an Event at each start and end."""
+    t = [NOW + timedelta(seconds=s) for s in (0, 100, 160, 170, 300, 340, 350, 500)]
+    when = [rfc(x) for x in t]
+    progress: dict = {}
+    passes = [  # (time, RayJob status, the workload's progress by then)
+        (0, {"jobDeploymentStatus": "Initializing", "startTime": when[0]}, {}),
+        (1, {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "startTime": when[0]}, {"epoch": 2}),
+        (2, {"jobDeploymentStatus": "Retrying", "jobStatus": "FAILED", "startTime": when[0], "failed": 1,
+             "reason": "AppFailed"}, {"epoch": 2}),
+        (3, {"jobDeploymentStatus": "Initializing", "startTime": when[3], "failed": 1}, {"epoch": 2}),
+        (4, {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "startTime": when[3], "failed": 1},
+         {"epoch": 3, "resumedFromEpoch": 2}),
+        (5, {"jobDeploymentStatus": "Running", "jobStatus": "FAILED", "startTime": when[3], "failed": 1},
+         {"epoch": 4, "resumedFromEpoch": 2}),
+        (6, {"jobDeploymentStatus": "Initializing", "startTime": when[6], "failed": 2},
+         {"epoch": 4, "resumedFromEpoch": 2}),
+        (7, {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED", "startTime": when[6], "failed": 2,
+             "endTime": when[7]}, {"epoch": 6, "resumedFromEpoch": 4}),
+    ]  # fmt: skip
+    current: dict = {}
+    events: list = []
+    for i, rj_status, progress in passes:
+        current = {**current, "progress": progress}
+        st = derive(obs({"metadata": {"name": "rj"}, "status": rj_status}, current, gpus=2, cpus=2.5), t[i])
+        events += trainingjob.announce(current, st)
+        current = {**st, "progress": progress}
+    record = current["attempts"]
+    assert [(a["attempt"], a["outcome"], a.get("resumedFromEpoch"), a["reachedEpoch"]) for a in record] == [
+        (1, "Failed", None, 2),
+        (2, "Failed", 2, 4),
+        (3, "Succeeded", 4, 6),
+    ]
+    assert [(a["startTime"], a["endTime"]) for a in record] == [
+        (when[0], when[3]),
+        (when[3], when[6]),
+        (when[6], when[7]),
+    ]
+    assert record[0]["reason"] == "AppFailed" and record[2]["reason"] == "JobSucceeded"
+    assert sum(a["gpuSeconds"] for a in record) == current["gpuSeconds"] == 2 * 500
+    assert sum(a["cpuSeconds"] for a in record) == current["cpuSeconds"] == 2.5 * 500
+    assert current["gpuHours"] == round(1000 / 3600, 3) and current["attempt"] == 3
+    said = [(e.reason, e.message.split(":")[0]) for e in events if e.reason.startswith("Attempt")]
+    assert said == [  # the first attempt's start: the RayJob's creation Event says it
+        ("AttemptEnded", "attempt 1 failed (AppFailed)"),
+        ("AttemptStarted", "attempt 2 started on a new Ray cluster"),
+        ("AttemptEnded", "attempt 2 failed (AttemptEnded)"),
+        ("AttemptStarted", "attempt 3 started on a new Ray cluster"),
+        ("AttemptEnded", "attempt 3 succeeded (JobSucceeded)"),
+    ]
+    # Another pass with nothing new changes nothing (a status written only when it changed).
+    again = derive(
+        obs({"metadata": {"name": "rj"}, "status": passes[-1][1]}, current, gpus=2, cpus=2.5), t[7]
+    )
+    assert again["attempts"] == record
+
+
+def test_only_the_last_20_attempts_are_kept() -> None:
+    from rayship.controller.trainingjob.attempts import MAX_ATTEMPTS_KEPT, attempts
+
+    old = [{"attempt": n, "startTime": rfc(NOW + timedelta(seconds=n)), "endTime": rfc(NOW + timedelta(seconds=n)),
+            "outcome": "Failed", "reason": "AppFailed"} for n in range(1, 21)]  # fmt: skip
+    st = {"jobDeploymentStatus": "Initializing", "startTime": rfc(NOW + timedelta(seconds=60)), "failed": 20}
+    record = attempts(
+        {"attempts": old}, st, "Pending", "ClusterInitializing", 21, (1, 1), NOW + timedelta(seconds=61)
+    )
+    assert len(record) == MAX_ATTEMPTS_KEPT and record[0]["attempt"] == 2 and record[-1]["attempt"] == 21
+
+
+def rfc(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -431,6 +431,24 @@ class LastError(ApiModel):
     time: str | None = Field(None, description="When the operator saw it (RFC 3339).")
 
 
+class AttemptStatus(ApiModel):
+    """One attempt of the job: each runs on a new Ray cluster (KubeRay's retries)."""
+
+    attempt: int = Field(..., ge=1, description="Its number, from 1.")
+    start_time: str = Field(..., description="When KubeRay started it (RFC 3339).")
+    end_time: str | None = Field(None, description="When it ended (RFC 3339); unset while it runs.")
+    outcome: Literal["Succeeded", "Failed"] | None = Field(None, description="How it ended.")
+    reason: str | None = Field(None, description="Why, in KubeRay's or rayship's words.")
+    resumed_from_epoch: int | None = Field(
+        None, ge=1, description="It resumed from the checkpoint of this epoch (as the workload reported)."
+    )
+    reached_epoch: int | None = Field(None, ge=0, description="The last epoch it completed (as reported).")
+    gpu_seconds: float | None = Field(None, ge=0, description="GPUs requested x its running time.")
+    cpu_seconds: float | None = Field(
+        None, ge=0, description="CPUs requested (head and workers) x its running time."
+    )
+
+
 class TrainingJobStatus(ApiModel):
     """Observed state, mirrored from the RayJob by the operator."""
 
@@ -459,7 +477,22 @@ class TrainingJobStatus(ApiModel):
     gpu_seconds_earlier_attempts: float | None = Field(
         None, ge=0, description="The part of gpuSeconds from attempts before the current one."
     )
+    gpu_hours: float | None = Field(None, ge=0, description="gpuSeconds in hours.")
+    cpu_seconds: float | None = Field(
+        None,
+        ge=0,
+        description="CPU-seconds held by the Ray pods (head and workers) so far, over its attempts.",
+    )
+    cpu_seconds_earlier_attempts: float | None = Field(
+        None, ge=0, description="The part of cpuSeconds from attempts before the current one."
+    )
+    cpu_hours: float | None = Field(None, ge=0, description="cpuSeconds in hours.")
     attempt: int | None = Field(None, ge=1, description="Current attempt (KubeRay retries: backoffLimit).")
+    attempts: list[AttemptStatus] | None = Field(
+        None,
+        max_length=20,
+        description="Every attempt on record, oldest first (the last 20; the totals cover all of them).",
+    )
     last_error: LastError | None = Field(None, description="The last error of the job's Ray pods or driver.")
     progress: ProgressStatus | None = Field(None, description="Training progress.")
     checkpoint: CheckpointStatus | None = Field(None, description="Checkpoints and exported model.")
@@ -499,6 +532,7 @@ TRAINING_JOB = Kind(
         PrinterColumn("GPUs", "integer", ".status.gpus", "GPUs requested by the worker group."),
         PrinterColumn("Epoch", "integer", ".status.progress.epoch", "Last completed epoch."),
         PrinterColumn("Loss", "number", ".status.progress.metrics.loss", "Latest training loss."),
+        PrinterColumn("GPU-Hours", "number", ".status.gpuHours", "GPU-hours held over every attempt."),
         PrinterColumn("Age", "date", ".metadata.creationTimestamp", "Time since creation."),
         PrinterColumn(
             "Last Error", "string", ".status.lastError.message", "The job's last error.", priority=1

@@ -21,6 +21,7 @@ from rayship.controller.conditions import (
     rfc3339,
     truncate,
 )
+from rayship.controller.trainingjob.attempts import attempts, changed_attempts
 from rayship.controller.trainingjob.rayjob import REPLICA_FAILURE_REASONS, STUCK_REASONS
 
 ANY = "*"
@@ -90,6 +91,7 @@ class Observation:
     invalid: str | None = None  # why the spec cannot be rendered (None: valid)
     unapplied: tuple[str, ...] = ()  # spec fields edited after launch that KubeRay cannot apply
     gpus: int | None = None
+    cpus: float = 0.0  # CPUs the Ray pods request (the head's and every worker's)
     blocked: tuple[str, str] | None = None  # (reason, message): a RayJob of that name is not ours
     lost: str | None = None  # the UID of our launched RayJob, which is gone
     rejected: tuple[str, str, str] | None = None  # (phase, reason, message) from the API server
@@ -209,7 +211,7 @@ def derive(obs: Observation, now: datetime) -> dict[str, Any]:
         conditions.append(_spec_applied(obs, now))
 
     status: dict[str, Any] = {"phase": phase, "observedGeneration": obs.generation, "conditions": conditions}
-    status.update(_rayjob_fields(obs, rayjob_status, phase, now))
+    status.update(_rayjob_fields(obs, rayjob_status, phase, reason, now))
     if (last := last_error(obs, rayjob_status, phase, reason, status.get("attempt"), now)) is not None:
         status["lastError"] = last
     return status
@@ -298,7 +300,9 @@ def _spec_applied(obs: Observation, now: datetime) -> dict:
     return _condition("SpecApplied", True, "Applied", "the RayJob matches the spec", obs, now)
 
 
-def _rayjob_fields(obs: Observation, rj: Mapping[str, Any], phase: str, now: datetime) -> dict[str, Any]:
+def _rayjob_fields(
+    obs: Observation, rj: Mapping[str, Any], phase: str, reason: str, now: datetime
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if obs.rayjob_name:
         out["rayJobName"] = obs.rayjob_name
@@ -319,26 +323,39 @@ def _rayjob_fields(obs: Observation, rj: Mapping[str, Any], phase: str, now: dat
     if phase in api.TERMINAL_PHASES and rj.get("endTime"):
         out["completionTime"] = rj["endTime"]
     if obs.rayjob is not None:
-        out["attempt"] = int(rj.get("failed") or 0) + (0 if phase in api.TERMINAL_PHASES else 1) or 1
+        # KubeRay counts failed attempts (a final failure included); the one running or succeeded is
+        # the next.
+        out["attempt"] = int(rj.get("failed") or 0) + (0 if phase == "Failed" else 1) or 1
     if obs.gpus is not None:
         out["gpus"] = obs.gpus
-        out.update(_gpu_seconds(obs, rj, now))
+        out.update(_resource_seconds(obs, rj, now, obs.gpus, "gpu"))
+        out.update(_resource_seconds(obs, rj, now, obs.cpus, "cpu"))
+        record = attempts(obs.current, rj, phase, reason, out.get("attempt"), (obs.gpus, obs.cpus), now)
+        if record:
+            out["attempts"] = record
     return out
 
 
-def _gpu_seconds(obs: Observation, rj: Mapping[str, Any], now: datetime) -> dict[str, float]:
-    """GPU-seconds over every attempt. KubeRay restarts `startTime` with each attempt (and sets
-    `endTime` once, at the end), so an attempt is closed when a new startTime appears."""
-    assert obs.gpus is not None
-    earlier = float(obs.current.get("gpuSecondsEarlierAttempts") or 0.0)
+def _resource_seconds(
+    obs: Observation, rj: Mapping[str, Any], now: datetime, rate: float, field: str
+) -> dict[str, float]:
+    """`field`Seconds over every attempt (`rate` of them per second of an attempt: GPUs or CPUs).
+    KubeRay restarts `startTime` with each attempt (and sets `endTime` once, at the end), so an
+    attempt is closed when a new startTime appears."""
+    earlier = float(obs.current.get(f"{field}SecondsEarlierAttempts") or 0.0)
     start, seen = parse_time(rj.get("startTime")), parse_time(obs.current.get("startTime"))
     if start is None:
-        return {"gpuSecondsEarlierAttempts": earlier} if earlier else {}
+        return {f"{field}SecondsEarlierAttempts": earlier} if earlier else {}
     if seen is not None and start > seen:  # a new attempt: the previous one ran until it began
-        earlier += max(0, round((start - seen).total_seconds())) * obs.gpus
+        earlier += round(max(0, round((start - seen).total_seconds())) * rate, 3)
     end = parse_time(rj.get("endTime")) or now
-    current = max(0, round((end - start).total_seconds())) * obs.gpus
-    return {"gpuSeconds": float(earlier + current), "gpuSecondsEarlierAttempts": earlier}
+    current = round(max(0, round((end - start).total_seconds())) * rate, 3)
+    total = float(round(earlier + current, 3))
+    return {
+        f"{field}Seconds": total,
+        f"{field}SecondsEarlierAttempts": earlier,
+        f"{field}Hours": round(total / 3600, 3),
+    }
 
 
 WORKLOAD_FIELDS = ("progress", "checkpoint", "tuning")  # written by the workload, never by the operator
@@ -406,6 +423,27 @@ def announce(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Eve
     elif phase == "Pending" and (reason := find(desired, "Running").get("reason")) in BLOCKED_REASONS:
         if reason != find(current, "Running").get("reason"):
             events.append(Event("Warning", str(reason), str(find(desired, "Running").get("message"))))
+    started, ended = changed_attempts(current, desired)
+    for a in ended:
+        figures = ", ".join(
+            f"{what} {a[key]}"
+            for what, key in (("resumed from epoch", "resumedFromEpoch"), ("reached epoch", "reachedEpoch"),
+                              ("GPU-seconds", "gpuSeconds"), ("CPU-seconds", "cpuSeconds"))
+            if a.get(key) is not None
+        )  # fmt: skip
+        events.append(
+            Event(
+                "Warning" if a.get("outcome") == "Failed" else "Normal",
+                "AttemptEnded",
+                f"attempt {a['attempt']} {str(a.get('outcome')).lower()} ({a.get('reason')}): {figures}",
+            )
+        )
+    for a in started:
+        if a.get("attempt") == 1:
+            continue  # the first: "created RayJob" said it (one Event, one API call, per fact)
+        events.append(
+            Event("Normal", "AttemptStarted", f"attempt {a['attempt']} started on a new Ray cluster")
+        )
     before, after = find(current, "SpecApplied"), find(desired, "SpecApplied")
     if after.get("status") == "False" and after.get("message") != before.get("message"):
         events.append(Event("Warning", str(after["reason"]), str(after["message"])))

@@ -29,6 +29,7 @@ from rayship.controller.trainingjob.rayjob import (
     digested,
     render_trainingjob,
     secret_looking_env,
+    total_cpus,
     total_gpus,
 )
 
@@ -76,7 +77,7 @@ def plan(
     except SpecError as err:
         return Plan(rayjob_name, context=replace(base, invalid="; ".join(err.problems)))
 
-    observed = replace(base, gpus=total_gpus(tj), queue=tj.spec.scheduling.queue)
+    observed = replace(base, gpus=total_gpus(tj), cpus=total_cpus(tj), queue=tj.spec.scheduling.queue)
     if rayjob is not None and (how := ownership(rayjob, trainingjob)) != "owned":
         reason = "PreviousRayJobTerminating" if how == "previous" else "RayJobNameTaken"
         return Plan(

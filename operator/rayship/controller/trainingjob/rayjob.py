@@ -308,3 +308,8 @@ def render_trainingjob(tj: api.TrainingJob, config: OperatorConfig) -> list[dict
 
 def total_gpus(tj: api.TrainingJob) -> int:
     return tj.spec.workers.replicas * tj.spec.workers.gpus_per_worker
+
+
+def total_cpus(tj: api.TrainingJob) -> float:
+    """CPUs the job's Ray pods request: the head's and every worker's."""
+    return tj.spec.head.cpus + tj.spec.workers.replicas * tj.spec.workers.cpus_per_worker
