@@ -16,6 +16,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,18 @@ def test_ddp_trains_across_two_worker_pods_and_resumes_when_one_is_deleted(
     assert deleted_at - 1 <= resumed < epochs_in_all, (status["progress"], epochs)
     model = status["checkpoint"]["model"]
     assert (on_host(kube, model) / "rayship-model.json").is_file(), f"{model} is not on the PVC"
+    # One attempt on record (Ray Train replaced the rank inside it: KubeRay did not retry), its
+    # figures the RayJob's own times x the CPUs the pods requested.
+    (only,) = status["attempts"]
+    assert (only["attempt"], only["outcome"], only["reachedEpoch"]) == (1, "Succeeded", epochs_in_all), only
+    assert (only["startTime"], only["endTime"]) == (rayjob["startTime"], rayjob["endTime"]), (only, rayjob)
+    spec = kube.get(TJ, TRAINING)["spec"]
+    cpus = spec["head"]["cpus"] + spec["workers"]["replicas"] * spec["workers"]["cpusPerWorker"]
+    span = (
+        datetime.fromisoformat(rayjob["endTime"]) - datetime.fromisoformat(rayjob["startTime"])
+    ).total_seconds()
+    assert only["cpuSeconds"] == status["cpuSeconds"] == pytest.approx(cpus * span, abs=cpus), (only, span)
+    assert status["gpuSeconds"] == 0 and status["cpuHours"] == round(status["cpuSeconds"] / 3600, 3)
     print(
         f"training on real pods: first epoch {first_epoch:.0f}s after apply; worker deleted after epoch "
         f"{deleted_at} (checkpoints {checkpoints()}), epochs seen {epochs}; Succeeded in {time.monotonic() - t0:.0f}s"
