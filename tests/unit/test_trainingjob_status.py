@@ -415,16 +415,34 @@ def test_a_job_killed_twice_has_three_attempts_on_record_whose_figures_add_up_to
 
 
 def test_only_the_last_20_attempts_are_kept() -> None:
-    from rayship.controller.trainingjob.attempts import MAX_ATTEMPTS_KEPT, attempts
+    from rayship.controller.trainingjob.attempts import MAX_ATTEMPTS_KEPT, accounted
 
     old = [{"attempt": n, "startTime": rfc(NOW + timedelta(seconds=n)), "endTime": rfc(NOW + timedelta(seconds=n)),
             "outcome": "Failed", "reason": "AppFailed"} for n in range(1, 21)]  # fmt: skip
     st = {"jobDeploymentStatus": "Initializing", "startTime": rfc(NOW + timedelta(seconds=60)), "failed": 20}
-    record = attempts(
-        {"attempts": old}, st, "Pending", "ClusterInitializing", 21, (1, 1), NOW + timedelta(seconds=61)
-    )
+    stored = {"attempts": old, "gpuSecondsEarlierAttempts": 7.0}
+    out = accounted(stored, st, "Pending", "ClusterInitializing", 21, (1, 1), NOW + timedelta(seconds=61))
+    record = out["attempts"]
+    assert out["gpuSeconds"] == 7.0 + 1  # the dropped attempts still count
     assert len(record) == MAX_ATTEMPTS_KEPT and record[0]["attempt"] == 2 and record[-1]["attempt"] == 21
 
 
 def rfc(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_a_suspension_closes_the_attempt_and_its_time_suspended_is_not_counted() -> None:
+    """Suspended, the job's Ray cluster is deleted: its attempt closes then; a resume opens a new one
+    (KubeRay sets a new startTime and counts no failure): no GPU time counted in between."""
+    t0, t1, t2, t3 = (NOW + timedelta(seconds=s) for s in (0, 100, 400, 460))
+    running = rayjob("Running", "RUNNING", startTime=rfc(t0))
+    st = derive(obs(running, gpus=2), t1)
+    st = derive(obs(rayjob("Suspended", "", startTime=rfc(t0)), current=st, gpus=2), t1)
+    assert st["attempts"][0]["outcome"] == "Suspended" and st["gpuSeconds"] == 200
+    st = derive(obs(rayjob("Suspended", "", startTime=rfc(t0)), current=st, gpus=2), t2)
+    assert st["gpuSeconds"] == 200  # nothing runs while suspended
+    resumed = derive(obs(rayjob("Running", "RUNNING", startTime=rfc(t2)), current=st, gpus=2), t3)
+    assert [(a["attempt"], a.get("outcome")) for a in resumed["attempts"]] == [(1, "Suspended"), (1, None)]
+    assert resumed["gpuSeconds"] == 200 + 2 * 60
+    (event,) = [e for e in trainingjob.announce(st, resumed) if e.reason == "AttemptStarted"]
+    assert event.message == "attempt 1 started on a new Ray cluster"

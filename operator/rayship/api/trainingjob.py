@@ -437,7 +437,9 @@ class AttemptStatus(ApiModel):
     attempt: int = Field(..., ge=1, description="Its number, from 1.")
     start_time: str = Field(..., description="When KubeRay started it (RFC 3339).")
     end_time: str | None = Field(None, description="When it ended (RFC 3339); unset while it runs.")
-    outcome: Literal["Succeeded", "Failed"] | None = Field(None, description="How it ended.")
+    outcome: Literal["Succeeded", "Failed", "Suspended"] | None = Field(
+        None, description="How it ended (Suspended: its cluster was deleted; a resume starts a new one)."
+    )
     reason: str | None = Field(None, description="Why, in KubeRay's or rayship's words.")
     resumed_from_epoch: int | None = Field(
         None, ge=1, description="It resumed from the checkpoint of this epoch (as the workload reported)."

@@ -16,12 +16,11 @@ from rayship.controller.conditions import (
     Plan,
     condition,
     find,
-    parse_time,
     pod_problem,
     rfc3339,
     truncate,
 )
-from rayship.controller.trainingjob.attempts import attempts, changed_attempts
+from rayship.controller.trainingjob.attempts import accounted, changed_attempts
 from rayship.controller.trainingjob.rayjob import REPLICA_FAILURE_REASONS, STUCK_REASONS
 
 ANY = "*"
@@ -328,34 +327,8 @@ def _rayjob_fields(
         out["attempt"] = int(rj.get("failed") or 0) + (0 if phase == "Failed" else 1) or 1
     if obs.gpus is not None:
         out["gpus"] = obs.gpus
-        out.update(_resource_seconds(obs, rj, now, obs.gpus, "gpu"))
-        out.update(_resource_seconds(obs, rj, now, obs.cpus, "cpu"))
-        record = attempts(obs.current, rj, phase, reason, out.get("attempt"), (obs.gpus, obs.cpus), now)
-        if record:
-            out["attempts"] = record
+        out.update(accounted(obs.current, rj, phase, reason, out.get("attempt"), (obs.gpus, obs.cpus), now))
     return out
-
-
-def _resource_seconds(
-    obs: Observation, rj: Mapping[str, Any], now: datetime, rate: float, field: str
-) -> dict[str, float]:
-    """`field`Seconds over every attempt (`rate` of them per second of an attempt: GPUs or CPUs).
-    KubeRay restarts `startTime` with each attempt (and sets `endTime` once, at the end), so an
-    attempt is closed when a new startTime appears."""
-    earlier = float(obs.current.get(f"{field}SecondsEarlierAttempts") or 0.0)
-    start, seen = parse_time(rj.get("startTime")), parse_time(obs.current.get("startTime"))
-    if start is None:
-        return {f"{field}SecondsEarlierAttempts": earlier} if earlier else {}
-    if seen is not None and start > seen:  # a new attempt: the previous one ran until it began
-        earlier += round(max(0, round((start - seen).total_seconds())) * rate, 3)
-    end = parse_time(rj.get("endTime")) or now
-    current = round(max(0, round((end - start).total_seconds())) * rate, 3)
-    total = float(round(earlier + current, 3))
-    return {
-        f"{field}Seconds": total,
-        f"{field}SecondsEarlierAttempts": earlier,
-        f"{field}Hours": round(total / 3600, 3),
-    }
 
 
 WORKLOAD_FIELDS = ("progress", "checkpoint", "tuning")  # written by the workload, never by the operator
@@ -438,9 +411,10 @@ def announce(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Eve
                 f"attempt {a['attempt']} {str(a.get('outcome')).lower()} ({a.get('reason')}): {figures}",
             )
         )
+    first = next(iter(desired.get("attempts") or []), {})
     for a in started:
-        if a.get("attempt") == 1:
-            continue  # the first: "created RayJob" said it (one Event, one API call, per fact)
+        if a is first and a.get("attempt") == 1:
+            continue  # the job's first: "created RayJob" said it (one Event, one API call, per fact)
         events.append(
             Event("Normal", "AttemptStarted", f"attempt {a['attempt']} started on a new Ray cluster")
         )
