@@ -170,24 +170,37 @@ def test_a_job_stuck_past_its_startup_deadline_fails_and_frees_its_cluster_at_on
     kube.pvc()
     spec = {
         "image": "registry.invalid/doesnotexist:1",
-        "startupDeadlineSeconds": 30,
+        "startupDeadlineSeconds": 45,
         "failurePolicy": {"retries": 0},
     }
     kube.create(TJ, sample("late", **spec))
     cluster = wait_for(lambda: kube.status(TJ, "late").get("rayClusterName"), 60, what="the RayCluster name")
+    said: list[str] = []  # the Running condition's reasons, as they came
+
+    def running_reason() -> str:
+        reason = str(kube.condition(TJ, "late", "Running").get("reason", ""))
+        if not said or said[-1] != reason:
+            said.append(reason)
+        return reason
+
+    wait_for(lambda: running_reason() == "ImagePullBackOff", 40, what="ImagePullBackOff before the deadline")
     t0 = time.monotonic()
     failed = wait_for(
-        lambda: (c := kube.condition(TJ, "late", "Failed")).get("status") == "True" and c,
+        lambda: (
+            running_reason() and (c := kube.condition(TJ, "late", "Failed")).get("status") == "True" and c
+        ),
         90,
+        interval=0.2,
         what="the job Failed",
     )
-    assert failed["reason"] == "StartupDeadlineExceeded", failed
-    assert "it was stuck: " in failed["message"] and "ImagePullBackOff" in failed["message"], failed[
-        "message"
-    ]
+    assert failed["reason"] == "StartupDeadlineExceeded", (failed, said)
+    assert "it was stuck: " in failed["message"] and "ImagePullBackOff" in failed["message"], (failed, said)
+    time.sleep(3)  # a later reconcile keeps what was said (it once wrote it over without the cause)
+    assert kube.condition(TJ, "late", "Failed")["message"] == failed["message"]
+    assert "ImagePullBackOff" in kube.status(TJ, "late")["lastError"]["message"]
     wait_for(lambda: kube.get(RAYCLUSTERS, cluster) is None, 60, what="the RayCluster deleted")
     print(
-        f"startup deadline: Failed, and its RayCluster gone {time.monotonic() - t0:.0f}s after it was named"
+        f"startup deadline: Failed, and its RayCluster gone {time.monotonic() - t0:.0f}s after; reasons {said}"
     )
     assert kube.get(api.RAYJOBS, names.rayjob_name("late"))["spec"]["ttlSecondsAfterFinished"] == 0
     assert kube.status(TJ, "late")["phase"] == "Failed"  # and it stays so with its cluster gone

@@ -213,6 +213,12 @@ def test_a_job_past_its_startup_deadline_frees_its_cluster_at_once_and_says_what
     assert (
         f"it was stuck: {stuck}" in failed["message"] and "spec.startupDeadlineSeconds" in failed["message"]
     )
+    assert st["lastError"]["source"] == "pod" and stuck in st["lastError"]["message"]
+    doc["status"] = st  # the next reconcile keeps what was said
+    again = derive_status(
+        doc, rayjob, plan(doc, rayjob, None, CONFIG), [], datetime(2026, 11, 27, 0, 1, tzinfo=UTC)
+    )
+    assert next(c for c in again["conditions"] if c["type"] == "Failed")["message"] == failed["message"]
 
     rayjob["spec"]["ttlSecondsAfterFinished"] = 0  # patched: nothing more to do
     assert plan(doc, rayjob, None, CONFIG).patch is None

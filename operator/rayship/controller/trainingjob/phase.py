@@ -131,10 +131,14 @@ def startup_deadline_passed(rayjob: Mapping[str, Any]) -> bool:
     return st.get("jobDeploymentStatus") == "Failed" and st.get("reason") == KUBERAY_STARTUP_DEADLINE
 
 
-def _stuck_on(current: Mapping[str, Any]) -> str:
-    """What the stored status last said a starting job was stuck on ("" if nothing)."""
-    cond = find(current, "Running")
-    return str(cond.get("message") or "") if cond.get("reason") in STUCK_REASONS else ""
+def _startup_deadline_message(current: Mapping[str, Any], kuberay_says: str) -> str:
+    """Why a job failed its startup deadline, with what the stored status last said it was stuck on;
+    once written, kept (the stored status then says the deadline, no longer what it was stuck on)."""
+    before = find(current, "Running")
+    if before.get("reason") == STARTUP_DEADLINE:
+        return str(before.get("message") or "")
+    stuck = f"; it was stuck: {before.get('message')}" if before.get("reason") in STUCK_REASONS else ""
+    return f"the Ray cluster was not running by spec.startupDeadlineSeconds{stuck}; its Ray cluster is deleted ({kuberay_says})"
 
 
 def replica_failure(rayjob_status: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -177,12 +181,7 @@ def derive(obs: Observation, now: datetime) -> dict[str, Any]:
     if obs.rayjob is not None:
         phase, reason, message = phase_of(rayjob_status)
         if phase == "Failed" and reason == KUBERAY_STARTUP_DEADLINE:
-            stuck = _stuck_on(obs.current)
-            reason = STARTUP_DEADLINE
-            message = (
-                f"the Ray cluster was not running by spec.startupDeadlineSeconds"
-                f"{f'; it was stuck: {stuck}' if stuck else ''}; its Ray cluster is deleted ({message})"
-            )
+            reason, message = STARTUP_DEADLINE, _startup_deadline_message(obs.current, message)
         if phase == "Pending" and obs.pods is not None:
             reason, message = obs.pods[0], f"{message}: {obs.pods[1]}"
         elif phase == "Pending" and (refused := replica_failure(rayjob_status)) is not None:
@@ -211,7 +210,9 @@ def derive(obs: Observation, now: datetime) -> dict[str, Any]:
 
     status: dict[str, Any] = {"phase": phase, "observedGeneration": obs.generation, "conditions": conditions}
     status.update(_rayjob_fields(obs, rayjob_status, phase, reason, now))
-    if (last := last_error(obs, rayjob_status, phase, reason, status.get("attempt"), now)) is not None:
+    if (
+        last := last_error(obs, rayjob_status, phase, (reason, message), status.get("attempt"), now)
+    ) is not None:
         status["lastError"] = last
     return status
 
@@ -228,17 +229,21 @@ def last_error(
     obs: Observation,
     rayjob_status: Mapping[str, Any],
     phase: str,
-    reason: str,
+    said: tuple[str, str],
     attempt: int | None,
     now: datetime,
 ) -> dict[str, Any] | None:
     """status.lastError: a crashing Ray container (from its pod), or a failed attempt's driver error
-    (KubeRay's message: the Ray job's log tail); else what the stored status said. The same error
+    (KubeRay's message: the Ray job's log tail), or a missed startup deadline (what the job was stuck
+    on); else what the stored status said. `said`: the status's (reason, message). The same error
     seen again keeps its entry (and time): a status written only when it changed."""
+    reason, message = said
     stored = obs.current.get("lastError")
     found: tuple[str, str] | None = None
     if obs.pods is not None and obs.pods[0] in CRASH_REASONS:
         found = "pod", obs.pods[1]
+    elif reason == STARTUP_DEADLINE:
+        found = "pod" if "; it was stuck: " in message else "driver", message
     elif (phase == "Failed" or reason in ATTEMPT_FAILED_REASONS) and rayjob_status.get("message"):
         found = "driver", error_line(str(rayjob_status["message"]))
         if reason == "Retrying" and attempt:  # KubeRay counted the failure: `attempt` is the next one
