@@ -207,9 +207,10 @@ def test_a_job_stuck_past_its_startup_deadline_fails_and_frees_its_cluster_at_on
 
 
 def test_a_pod_that_cannot_start_is_named_without_waiting_for_the_resync(kube: Kube, cluster) -> None:
-    """Its image cannot be pulled: the pod changes, its RayJob does not, so no event comes. The
-    operator looks at a starting job again (`RAYSHIP_STARTING_SECONDS`), not only at the resync (here
-    an hour away). With the look-again at an hour too, the status stays without a reason past 60 s."""
+    """A worker that cannot start changes in a way its RayJob does not (KubeRay's cluster status follows
+    the head): here its image is pulled at last and its container crash-loops, as a kubelet reports
+    it. No event comes; the operator looks at a starting job again (`RAYSHIP_STARTING_SECONDS`, 3 s
+    here), not only at the resync (an hour away). With the look-again at an hour too, this fails."""
     from controlplane import cluster as controlplane
 
     controlplane.stop_operator()
@@ -217,11 +218,32 @@ def test_a_pod_that_cannot_start_is_named_without_waiting_for_the_resync(kube: K
     try:
         kube.pvc()
         kube.create(TJ, sample("pull", image="registry.invalid/doesnotexist:1"))
-        wait_for(
-            lambda: kube.condition(TJ, "pull", "Running").get("reason") == "ImagePullBackOff",
+        said = wait_for(
+            lambda: (c := kube.condition(TJ, "pull", "Running")).get("reason") == "ImagePullBackOff" and c,
             45,
             what="the Running condition to say ImagePullBackOff",
         )
+        pod_name = said["message"].split("pod ", 1)[1].split(",")[0]  # the first pod by name: a worker
+        pod = kube.core.read_namespaced_pod_status(pod_name, kube.namespace)
+        statuses = [kube.client.sanitize_for_serialization(s) for s in pod.status.init_container_statuses]
+        crashed = {
+            "terminated": {"exitCode": 1, "reason": "Error", "message": "GCS at head:6379 unreachable\n"}
+        }
+        for status in statuses:
+            status.update(lastState=crashed, restartCount=3, state={"waiting": {
+                "reason": "CrashLoopBackOff", "message": f"back-off 40s restarting failed container={status['name']}"}})  # fmt: skip
+        kube.core.patch_namespaced_pod_status(
+            pod_name, kube.namespace, {"status": {"initContainerStatuses": statuses}}
+        )
+        t0 = time.monotonic()
+        found = wait_for(
+            lambda: (c := kube.condition(TJ, "pull", "Running")).get("reason") == "CrashLoopBackOff" and c,
+            20,
+            what="the Running condition to say CrashLoopBackOff (no RayJob event comes for it)",
+        )
+        assert f"pod {pod_name}" in found["message"], found
+        assert "it exited with code 1: GCS at head:6379 unreachable" in found["message"], found
+        print(f"a worker's crash loop named {time.monotonic() - t0:.1f}s after its pod said it")
     finally:
         controlplane.stop_operator()  # the next test starts one with the chart's settings
 
