@@ -149,18 +149,17 @@ def test_ddp_trains_across_two_worker_pods_and_resumes_when_one_is_deleted(
     # own ServiceAccount, through the API server, with the token mounted in the pod).
     def progress_row() -> str | None:
         out = cluster.kubectl("get", "tj", TRAINING, "-n", kube.namespace).stdout
-        header, row = out.splitlines()[:2]
-        cells = dict(zip(header.split(), row.split(), strict=False))
+        cells = table_row(out)
         if phase(kube, TJ, TRAINING, "Succeeded") == "Succeeded":
             pytest.fail(f"Succeeded before any progress was seen while Running:\n{out}")
         return out if cells.get("PHASE") == "Running" and cells.get("EPOCH", "").isdigit() else None
 
     out = wait_for(progress_row, 420, interval=0.3, what="EPOCH and LOSS in `kubectl get tj` while Running")
     first_epoch = time.monotonic() - t0
-    header = out.splitlines()[0].split()
-    assert {"EPOCH", "LOSS"} <= set(header), out
-    loss = out.splitlines()[1].split()[header.index("LOSS")]
-    assert float(loss) > 0, out
+    cells = table_row(out)
+    assert {"EPOCH", "LOSS", "GPU-HOURS"} <= set(cells), out
+    assert float(cells["LOSS"]) > 0, out
+    print(f"kubectl get tj while Running:\n{out}")
 
     cluster_name = kube.status(RJ, names.rayjob_name(TRAINING))["rayClusterName"]
     workers = kube.pods(f"ray.io/cluster={cluster_name},ray.io/node-type=worker")
@@ -230,6 +229,16 @@ def test_ddp_trains_across_two_worker_pods_and_resumes_when_one_is_deleted(
         f"training on real pods: first epoch {first_epoch:.0f}s after apply; worker deleted after epoch "
         f"{deleted_at} (checkpoints {checkpoints()}), epochs seen {epochs}; Succeeded in {time.monotonic() - t0:.0f}s"
     )
+
+
+def table_row(out: str) -> dict[str, str]:
+    """The first row of a `kubectl get` table by column: cut where the header's columns start (a
+    cell may be blank, so splitting on spaces would shift the cells after it)."""
+    header, row = out.splitlines()[:2]
+    names = header.split()
+    starts = [header.index(f" {n}") + 1 if i else 0 for i, n in enumerate(names)]
+    ends = [*starts[1:], None]
+    return {n: row[a:b].strip() for n, a, b in zip(names, starts, ends, strict=True)}
 
 
 def retrain(cluster, kube: Kube) -> None:
@@ -374,15 +383,17 @@ def test_several_models_serve_side_by_side_and_one_rolls_out_alone(real_node, op
 
         def predict(model: str) -> list[float] | None:
             """A prediction through the API server's service proxy, the model named in Serve's header."""
+            request = kube.client.param_serialize(
+                "POST", path, header_params={"Content-Type": "application/json",
+                "serve_multiplexed_model_id": model}, body={"instances": rows}, auth_settings=["BearerToken"],
+            )  # fmt: skip
             try:
-                res = kube.client.call_api(
-                    path, "POST", header_params={"Content-Type": "application/json",
-                    "serve_multiplexed_model_id": model}, body={"instances": rows},
-                    auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
-                )  # fmt: skip
-            except kubernetes.client.exceptions.ApiException:
+                res = kube.client.call_api(*request, _request_timeout=30)
+            except (kubernetes.client.exceptions.ApiException, OSError):
                 return None
-            return [y for row in json.loads(res.data)["predictions"] for y in row]
+            if res.status != 200:
+                return None
+            return [y for row in json.loads(res.read())["predictions"] for y in row]
 
         def models() -> dict[str, dict[str, Any]]:
             return {m["name"]: m for m in kube.status(MS, SERVING).get("models") or []}
