@@ -108,8 +108,8 @@ def phase_of(rayjob_status: Mapping[str, Any]) -> tuple[str, str, str]:
     if entry is None:
         # KubeRay's own words, whatever the state: a user must not read only "unknown" while KubeRay
         # says why (e.g. `dial tcp ...:8265: connect: connection refused`).
-        message = f"RayJob state {deployment or 'none'}/{job or 'none'}, unknown to rayship"
-        return "Pending", "UnknownRayJobState", f"{message}; KubeRay says: {said}" if said else message
+        unknown = f"RayJob state {deployment or 'none'}/{job or 'none'}, unknown to rayship"
+        return "Pending", "UnknownRayJobState", f"{unknown}; KubeRay says: {said}" if said else unknown
     phase, reason, message = entry
     if phase == "Pending" and said and message:
         message = f"{message}; KubeRay says: {said}"  # e.g. why a submission cannot reach the dashboard
@@ -416,7 +416,7 @@ def announce(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Eve
                 f"attempt {a['attempt']} {str(a.get('outcome')).lower()} ({a.get('reason')}): {figures}",
             )
         )
-    first = next(iter(desired.get("attempts") or []), {})
+    first: Mapping[str, Any] = next(iter(desired.get("attempts") or []), {})
     for a in started:
         if a is first and a.get("attempt") == 1:
             continue  # the job's first: "created RayJob" said it (one Event, one API call, per fact)
