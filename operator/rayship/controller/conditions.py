@@ -4,6 +4,7 @@ the Events a reconcile announces, and the `Plan` both planners return to the rec
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -135,9 +136,20 @@ def last_words(container: Mapping[str, Any]) -> str:
     ended = (container.get("lastState") or {}).get("terminated") or {}
     if not ended or ended.get("exitCode") == 0:
         return ""
-    lines = [line.strip() for line in str(ended.get("message") or "").splitlines() if line.strip()]
     said = f"; it exited with code {ended.get('exitCode')}"
-    return f"{said}: {truncate(lines[-1], 300)}" if lines else said
+    line = error_line(str(ended.get("message") or ""))
+    return f"{said}: {truncate(line, 300)}" if line else said
+
+
+# A line of a log worth naming: an exception, a kill, a timeout.
+_ERROR_LINE = re.compile(r"(Error|Exception|Killed|killed|Timeout|timed out|OOM|out of memory|NCCL)")
+
+
+def error_line(log: str) -> str:
+    """The line of a log tail that names the error: the last one that looks like one (a traceback
+    ends with its exception), else the last line ("" for an empty log)."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    return next((line for line in reversed(lines) if _ERROR_LINE.search(line)), lines[-1] if lines else "")
 
 
 def _oom_killed(container: Mapping[str, Any]) -> str | None:

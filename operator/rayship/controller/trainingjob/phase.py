@@ -4,7 +4,6 @@ fields are returned: `progress`, `checkpoint` and `tuning` belong to the workloa
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -15,12 +14,13 @@ from rayship.controller.conditions import (
     Event,
     Plan,
     condition,
+    error_line,
     find,
     pod_problem,
     rfc3339,
     truncate,
 )
-from rayship.controller.trainingjob.attempts import accounted, changed_attempts
+from rayship.controller.trainingjob.attempts import ATTEMPT_FAILED_REASONS, accounted, changed_attempts
 from rayship.controller.trainingjob.rayjob import REPLICA_FAILURE_REASONS, STUCK_REASONS
 
 ANY = "*"
@@ -219,10 +219,6 @@ def derive(obs: Observation, now: datetime) -> dict[str, Any]:
 
 # Pod problems that are errors of the job's own containers (not of scheduling or pulling).
 CRASH_REASONS = frozenset({"CrashLoopBackOff", "OOMKilled", "RunContainerError", "CreateContainerError"})
-# Reasons of a RayJob whose attempt failed, KubeRay's message then being the Ray job's own.
-ATTEMPT_FAILED_REASONS = frozenset({"AttemptEnded", "Retrying"})
-# A line of a driver's log worth naming: an exception, a kill, a timeout.
-_ERROR_LINE = re.compile(r"(Error|Exception|Killed|killed|Timeout|timed out|OOM|out of memory|NCCL)")
 
 
 def last_error(
@@ -251,29 +247,16 @@ def last_error(
     if found is None:
         return dict(stored) if isinstance(stored, Mapping) else None
     source, message = found[0], truncate(found[1], 1024)
-    if isinstance(stored, Mapping) and (
-        stored.get("source"),
-        stored.get("message"),
-        stored.get("attempt"),
-    ) == (
+    if isinstance(stored, Mapping) and [stored.get(k) for k in ("source", "message", "attempt")] == [
         source,
         message,
         attempt,
-    ):
+    ]:
         return dict(stored)
     entry: dict[str, Any] = {"message": message, "source": source, "time": rfc3339(now)}
     if attempt is not None:
         entry["attempt"] = attempt
     return entry
-
-
-def error_line(log: str) -> str:
-    """The line of a log tail that names the error: the last one that looks like one (a traceback
-    ends with its exception), else the last line."""
-    lines = [line.strip() for line in log.splitlines() if line.strip()]
-    if not lines:
-        return log.strip()
-    return next((line for line in reversed(lines) if _ERROR_LINE.search(line)), lines[-1])
 
 
 def _lost(obs: Observation) -> tuple[str, str, str]:
