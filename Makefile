@@ -74,28 +74,42 @@ operator: setup ## run the operator against the current kube context
 ##@ Test
 .PHONY: test test-unit test-operator test-workloads test-chart
 # `make test` runs the tiers that start no Ray (no Ray process, no Ray head) beside the local-Ray tier,
-# then the end-to-end tier: Ray work stays one suite at a time, and the ~3 min of the others fill the
+# then the end-to-end tier: Ray work stays one suite at a time, and the ~5 min of the others fill the
 # cores the Ray tier leaves idle (~25% on 2 cores: its waits on process starts and polls).
+# Beside it too, once those tiers end: what the end-to-end tier would wait for first, the images (built
+# again when a source changed, ~2 min) and the cluster with its real node (the workload image's
+# import into containerd, ~3 min). The Ray tier takes ~20 min, so the end-to-end tier finds the
+# cluster up; `make test` stops it at the end if it started it (the e2e fixtures reuse a running
+# cluster and leave it be).
 TIERS_WITHOUT_RAY := tests/unit tests/chart tests/controlplane tests/operator
 TIERS_WITH_RAY := tests/workloads
 TIERS_AFTER := tests/e2e
 
 # Each tier's output is also kept in .venv/tier-*.log; the last lines repeat every tier's failures
-# (pytest's FAILED/ERROR lines), so that the end of a long CI log says which test failed.
-test: setup cluster-build node-deps images ## the whole suite (every tier; what CI runs)
-	@log=$(VENV)/tier-without-ray.log; \
-	echo "--- $(TIERS_WITHOUT_RAY) (beside the Ray tier; its output follows it)"; \
-	$(PYTEST) -q --durations=10 $(TIERS_WITHOUT_RAY) > $$log 2>&1 & beside=$$!; \
-	trap 'kill $$beside 2>/dev/null' EXIT; \
+# (pytest's FAILED/ERROR lines), so that the end of a long CI log says which test failed. What runs
+# beside the Ray tier runs in its own process group (setsid), so that an interrupted run stops it all.
+BESIDE = $(PYTEST) -q --durations=10 $(TIERS_WITHOUT_RAY) > $(VENV)/tier-without-ray.log 2>&1; \
+	echo $$? > $(VENV)/tier-without-ray.rc; \
+	echo "--- images and the cluster for $(TIERS_AFTER), started beside $(TIERS_WITH_RAY)"; \
+	SECONDS=0; python3 images/build.py && \
+	$(BIN)/python controlplane/cluster.py up --started-file $(VENV)/cluster-started-by-make-test; \
+	echo "--- (exit code $$?, in $${SECONDS}s)"
+test: setup cluster-build node-deps image-deps ## the whole suite (every tier; what CI runs)
+	@rm -f $(VENV)/tier-without-ray.rc $(VENV)/cluster-started-by-make-test; \
+	stop_ours() { [ ! -f $(VENV)/cluster-started-by-make-test ] || $(BIN)/python controlplane/cluster.py down --check; }; \
+	echo "--- $(TIERS_WITHOUT_RAY), then images and the cluster (beside the Ray tier; their output follows it)"; \
+	setsid bash -c '$(BESIDE)' > $(VENV)/beside-ray.log 2>&1 & beside=$$!; \
+	trap 'kill -- -$$beside 2>/dev/null; wait $$beside; stop_ours' EXIT; \
 	echo "--- $(TIERS_WITH_RAY)"; \
 	$(PYTEST) -q --durations=25 $(TIERS_WITH_RAY) 2>&1 | tee $(VENV)/tier-with-ray.log; ray=$${PIPESTATUS[0]}; \
-	wait $$beside; without=$$?; trap - EXIT; \
-	echo "--- $(TIERS_WITHOUT_RAY)"; cat $$log; \
+	wait $$beside; without=$$(cat $(VENV)/tier-without-ray.rc 2>/dev/null || echo 1); \
+	echo "--- $(TIERS_WITHOUT_RAY)"; cat $(VENV)/tier-without-ray.log; cat $(VENV)/beside-ray.log; \
 	echo "--- $(TIERS_AFTER)"; \
 	$(PYTEST) -q --durations=10 $(TIERS_AFTER) 2>&1 | tee $(VENV)/tier-after.log; after=$${PIPESTATUS[0]}; \
-	echo "--- exit codes: $(TIERS_WITH_RAY) $$ray, the tiers without Ray $$without, $(TIERS_AFTER) $$after"; \
-	grep -hE '^(FAILED|ERROR) ' $(VENV)/tier-with-ray.log $$log $(VENV)/tier-after.log; \
-	exit $$(( ray || without || after ))
+	trap - EXIT; stop_ours; down=$$?; \
+	echo "--- exit codes: $(TIERS_WITH_RAY) $$ray, the tiers without Ray $$without, $(TIERS_AFTER) $$after, cluster down $$down"; \
+	grep -hE '^(FAILED|ERROR) ' $(VENV)/tier-with-ray.log $(VENV)/tier-without-ray.log $(VENV)/tier-after.log; \
+	exit $$(( ray || without || after || down ))
 
 test-unit: setup ## renderer, CRD, CLI, status: no cluster, no Ray
 	$(PYTEST) -q tests/unit
@@ -110,7 +124,7 @@ test-chart: setup ## helm lint/template, strict validation for Kubernetes 1.30-1
 	$(PYTEST) -q tests/chart
 
 ##@ Cluster (needs Docker and kind; not available on every machine)
-.PHONY: images kind-up e2e
+.PHONY: images image-deps kind-up e2e
 KIND_CLUSTER := rayship
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' operator/rayship/__init__.py)
 
@@ -120,11 +134,13 @@ VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' operator/rayship/__in
 # changes. The packages are pinned (sorted by name: dpkg-query lists them so); none starts a service.
 IMAGE_DEBS := containerd=1.6.20~ds1-1+deb12u3 docker.io=20.10.24+dfsg1-1+deb12u1+b6 mmdebstrap=1.3.5-7 runc=1.1.5+ds1-1+deb12u1
 
-images: ## build the operator image and the CPU workload image, no registry needed (archives in ~/.cache/rayship/images)
+images: image-deps ## build the operator image and the CPU workload image, no registry needed (archives in ~/.cache/rayship/images)
+	python3 images/build.py
+
+image-deps: ## install what images/build.py runs (Debian's dockerd, containerd, mmdebstrap; pinned)
 	@if [ "$$(dpkg-query -W -f='$${Package}=$${Version} ' $(foreach d,$(IMAGE_DEBS),$(firstword $(subst =, ,$(d)))) 2>/dev/null)" != "$(IMAGE_DEBS) " ]; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(IMAGE_DEBS); \
 	fi
-	python3 images/build.py
 
 kind-up: setup images ## kind cluster + images + KubeRay 1.7.0 + rayship (from the chart)
 	kind create cluster --name $(KIND_CLUSTER)

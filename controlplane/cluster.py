@@ -527,7 +527,18 @@ def main(argv: list[str] | None = None) -> int:
         "--no-operator", action="store_true", help="do not run the rayship operator (stop it if it runs)"
     )
     p.add_argument("--no-node", action="store_true", help="without the real node real-0 (kwok nodes only)")
-    sub.add_parser("down", help="stop everything and remove the netns and cluster data")
+    p.add_argument(
+        "--started-file",
+        type=Path,
+        help="write this file if this call started the cluster (not when it found one running): "
+        "`make test` stops only a cluster it started",
+    )
+    p = sub.add_parser("down", help="stop everything and remove the netns and cluster data")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="then exit 1, naming them, if processes, mounts or rules are left",
+    )
     sub.add_parser("status", help="what runs, as JSON")
     p = sub.add_parser("operator", help="start or stop the rayship operator alone")
     p.add_argument("action", choices=("start", "stop"))
@@ -541,6 +552,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--to-host", default="127.0.0.1")
     args = parser.parse_args(argv)
     if args.command == "up":
+        if args.started_file and not status()["apiserver_ready"]:
+            # Before `up`: a start that fails half-way (the chart) leaves a cluster that is ours to stop.
+            args.started_file.write_text("started by `controlplane/cluster.py up --started-file`\n")
         try:
             cluster = up(operator=not args.no_operator, node=not args.no_node)
         except ChartError:
@@ -553,6 +567,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"ready: kubectl --kubeconfig {cluster.kubeconfig} get nodes")
     elif args.command == "down":
         down()
+        left = leftovers() if args.check else []
+        if left:
+            log(f"`down` left these on the machine: {left}")
+            return 1
     elif args.command == "status":
         print(json.dumps(status(), indent=2))
     elif args.command == "operator":
@@ -582,6 +600,7 @@ __all__ = [
     "down",
     "kill_operator",
     "leftovers",
+    "main",
     "node_missing",
     "operator_deployment",
     "real_node_namespace",

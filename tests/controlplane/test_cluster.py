@@ -348,6 +348,14 @@ def test_up_again_on_the_running_cluster_is_harmless_and_fast(cluster):
     assert not again.started and again.server == cluster.server and again.ports == cluster.ports
 
 
+def test_up_names_no_cluster_as_its_own_when_one_runs(cluster, tmp_path):
+    """`make test` starts the e2e tier's cluster beside the Ray tier and stops it at the end only if
+    `up --started-file` wrote the file: a cluster that was running (someone's `make cluster-up`) stays."""
+    mark = tmp_path / "started"
+    assert controlplane.main(["up", "--no-node", "--no-operator", "--started-file", str(mark)]) == 0
+    assert not mark.exists()
+
+
 def test_kubectl_explain_knows_the_kuberay_crds(cluster):
     result = cluster.kubectl("explain", "rayclusters.spec")
     assert "headGroupSpec" in result.stdout
