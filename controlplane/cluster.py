@@ -72,7 +72,6 @@ if not __package__:  # run as a script: python controlplane/cluster.py ...
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controlplane import build
-from controlplane import node as realnode
 from controlplane.certs import cert_kubeconfig, ensure_pki
 from controlplane.components import (
     KWOK_STAGES,
@@ -100,6 +99,7 @@ from controlplane.config import (
     VETH_HOST,
     log,
 )
+from controlplane.leftovers import leftovers
 from controlplane.network import api_forward, ensure_netns, netns_exists, remove_netns
 from controlplane.node_lifecycle import (
     import_images,
@@ -459,46 +459,6 @@ def down(paths: Paths | None = None) -> None:
     log(("stopped and removed " + ", ".join(stopped)) if stopped else "nothing to stop")
 
 
-def leftovers(paths: Paths | None = None) -> list[str]:
-    """What a cluster left on this machine: after `down`, nothing (a process of its binaries, its
-    network namespace or veth, a mount, a cgroup, a shim, a KUBE-* iptables chain or a kube-proxy nft
-    table on the host, a folder `up` made)."""
-    paths = paths or Paths()
-    left = [f"netns {NETNS}"] if netns_exists() else []
-    if run_command(["ip", "link", "show", VETH_HOST], check=False).returncode == 0:
-        left.append(f"link {VETH_HOST}")
-    for line in Path("/proc/mounts").read_text().splitlines():
-        where = line.split()[1]
-        if where.startswith(str(paths.base)) or where in realnode.BOUND or "/kubelet/" in where:
-            if where == "/run/netns" and any(Path(where).iterdir()):
-                continue  # someone else's network namespaces: `ip netns add` mounts it for good
-            left.append(f"mount {where}")
-    left += [f"cgroup {h / realnode.CGROUP_ROOT}" for h in realnode.cgroup_hierarchies()
-             if (h / realnode.CGROUP_ROOT).exists()]  # fmt: skip
-    ours = {str(path) for path in build.binaries().values()}
-    base = str(paths.base).encode()
-    for proc in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):  # a process that ended meanwhile
-            if not proc.name.isdigit() or proc.name == str(os.getpid()):
-                continue
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-            if os.readlink(proc / "exe") in ours or any(base in arg for arg in argv):
-                left.append(f"process {proc.name} ({argv[0].decode(errors='replace')})")
-    left += [f"shim {pid}" for pid in realnode.shim_pids(node_paths(paths).socket)]
-    if shutil.which("iptables"):
-        chains = [
-            c
-            for c in run_command(["iptables", "-S"], check=False).stdout.splitlines()
-            if c.startswith("-N KUBE-")
-        ]
-        left += [f"iptables chain {c.split()[1]}" for c in chains]
-    if shutil.which("nft"):
-        tables = run_command(["nft", "list", "tables"], check=False).stdout.splitlines()
-        left += [f"nft {t}" for t in tables if "kube-proxy" in t]
-    left += [f"folder {d}" for d in load_state(paths).made_dirs if Path(d).exists()]
-    return left
-
-
 def status(paths: Paths | None = None) -> dict[str, Any]:
     paths = paths or Paths()
     state = load_state(paths)
@@ -519,6 +479,23 @@ def status(paths: Paths | None = None) -> dict[str, Any]:
 
 
 # --- CLI --------------------------------------------------------------------------------------------
+def _up_command(args: argparse.Namespace) -> int:
+    if args.started_file and not status()["apiserver_ready"]:
+        # Before `up`: a start that fails half-way (the chart) leaves a cluster that is ours to stop.
+        args.started_file.write_text("started by `controlplane/cluster.py up --started-file`\n")
+    try:
+        cluster = up(operator=not args.no_operator, node=not args.no_node)
+    except ChartError:
+        log(
+            "the cluster is up, but the rayship chart did not install (see above); `make cluster-down` stops it"
+        )
+        return 1
+    if cluster.operator:
+        log(f"rayship operator: pid {cluster.operator.pid}, log {cluster.operator.log_path}")
+    log(f"ready: kubectl --kubeconfig {cluster.kubeconfig} get nodes")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="controlplane/cluster.py", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -552,19 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--to-host", default="127.0.0.1")
     args = parser.parse_args(argv)
     if args.command == "up":
-        if args.started_file and not status()["apiserver_ready"]:
-            # Before `up`: a start that fails half-way (the chart) leaves a cluster that is ours to stop.
-            args.started_file.write_text("started by `controlplane/cluster.py up --started-file`\n")
-        try:
-            cluster = up(operator=not args.no_operator, node=not args.no_node)
-        except ChartError:
-            log(
-                "the cluster is up, but the rayship chart did not install (see above); `make cluster-down` stops it"
-            )
-            return 1
-        if cluster.operator:
-            log(f"rayship operator: pid {cluster.operator.pid}, log {cluster.operator.log_path}")
-        log(f"ready: kubectl --kubeconfig {cluster.kubeconfig} get nodes")
+        return _up_command(args)
     elif args.command == "down":
         down()
         left = leftovers() if args.check else []
