@@ -19,6 +19,7 @@ from controlplane.config import (
     KUBERAY_SA,
     KWOK_ANNOTATION,
     KWOK_RULES,
+    LINK_HOST_IP,
     NODES,
     PROVISIONER,
     PROVISIONER_RULES,
@@ -301,4 +302,6 @@ def _chart_values(node_runs: bool) -> dict[str, Any]:
         "nodeSelector": dict([realnode.LABEL]),
         "tolerations": [realnode.TOLERATION],
         "defaults": {"workloadImage": WORKLOAD_IMAGE_CPU.format(version=__version__), "cpuLimits": False},
+        # The API server's service proxy reaches real-0's pods from the host's end of the link.
+        "networkPolicy": {"apiServerCIDRs": [f"{LINK_HOST_IP}/32"]},
     }

@@ -57,6 +57,39 @@ class Defaults(Values):
     )
 
 
+class KubeRayPods(Values):
+    podLabels: dict[str, str] = Field(
+        default_factory=lambda: dict(
+            OperatorConfig.model_fields["network_policy_kuberay_pods"].get_default(call_default_factory=True)
+        ),
+        description="Labels of the KubeRay operator's pods (they reach the Ray dashboard directly).",
+    )
+    namespace: str = Field("", description="Their namespace; empty: any namespace.")
+
+
+class NetworkPolicy(Values):
+    enabled: bool = Field(
+        OperatorConfig.model_fields["network_policy"].default,
+        description="A NetworkPolicy per Ray cluster: its pods take connections from one another, the "
+        "dashboard port from KubeRay and the API server, a ModelService's Serve port from its "
+        "spec.serveFrom (anyone when empty). false where no policy engine runs (policies made before "
+        "stay: kubectl delete networkpolicy -l app.kubernetes.io/component=network).",
+    )
+    apiServerCIDRs: list[str] = Field(
+        default_factory=list,
+        description="Where the API server's service proxy reaches pods from (e.g. the control-plane "
+        "nodes' addresses): rayship reads Serve's state through it, KubeRay with "
+        "--use-kubernetes-proxy submits jobs through it. Set it wherever that proxy is not let in "
+        "by the policy engine otherwise.",
+    )
+    kuberay: KubeRayPods = Field(default_factory=KubeRayPods, description="The KubeRay operator's pods.")
+    extraIngress: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="More ingress rules for every Ray pod (NetworkPolicyIngressRule), e.g. Prometheus "
+        "on Ray's metrics port 8080.",
+    )
+
+
 class ServiceMonitor(Values):
     enabled: bool = Field(False, description="Create a Prometheus Operator ServiceMonitor.")
     interval: str = Field("30s", description="Scrape interval.")
@@ -102,6 +135,9 @@ class ChartValues(Values):
     crds: Crds = Field(default_factory=Crds, description="CRD installation.")
     defaults: Defaults = Field(
         default_factory=Defaults, description="Cluster-wide defaults the operator applies to specs."
+    )
+    networkPolicy: NetworkPolicy = Field(
+        default_factory=NetworkPolicy, description="The NetworkPolicy of each Ray cluster."
     )
     metrics: Metrics = Field(default_factory=Metrics, description="Prometheus metrics.")
     serviceAccount: ServiceAccount = Field(

@@ -58,6 +58,32 @@ class OperatorConfig(BaseModel):
         "Memory and GPU limits stay either way.",
     )
     run_as_user: int = Field(1000, ge=1, description="Non-root UID of the Ray containers (ray image: 1000).")
+    network_policy: bool = Field(
+        True,
+        description="A NetworkPolicy per Ray cluster: its pods take connections from one another only, "
+        "but for the dashboard port (from KubeRay's pods and network_policy_api_server_cidrs), a "
+        "ModelService's Serve port (from spec.serveFrom, else anyone) and network_policy_extra_ingress. "
+        "false: none (clusters without a policy engine, where it would do nothing).",
+    )
+    network_policy_api_server_cidrs: list[str] = Field(
+        default_factory=list,
+        description="Addresses the API server's service proxy reaches pods from (its nodes; JSON list of "
+        "CIDRs): the rayship operator reads Serve's state, and KubeRay with --use-kubernetes-proxy "
+        "submits jobs, through that proxy to the Ray dashboard.",
+    )
+    network_policy_kuberay_pods: dict[str, str] = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "kuberay-operator"},
+        description="Labels of the KubeRay operator's pods, which reach the Ray dashboard directly (JSON "
+        "object).",
+    )
+    network_policy_kuberay_namespace: str = Field(
+        "", description="The KubeRay operator's namespace; empty: its pods' labels in any namespace."
+    )
+    network_policy_extra_ingress: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="More ingress rules for every Ray pod (NetworkPolicyIngressRule objects, JSON list), "
+        "e.g. Prometheus scraping Ray's metrics port.",
+    )
     metrics_port: int = Field(
         0, ge=0, le=65535, description="Prometheus metrics port of the operator (0: off)."
     )

@@ -53,6 +53,11 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "resourceNames": [names.WORKLOAD_ROLE],
         "verbs": ["bind"],
     },
+    {  # the NetworkPolicy of each resource's Ray pods; get: whose it is; patch: a new serveFrom
+        "apiGroups": ["networking.k8s.io"],
+        "resources": ["networkpolicies"],
+        "verbs": ["get", "create", "patch"],
+    },
     {  # each ModelService's Ray token Secret, each TrainingJob's spec Secret: created, never read
         "apiGroups": [""],
         "resources": ["secrets"],

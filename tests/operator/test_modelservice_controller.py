@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 
+import kubernetes
 import pytest
 
 from rayship import api
@@ -94,3 +95,68 @@ def test_a_planted_token_secret_is_never_used(kube: Kube, operator) -> None:
     assert planted.metadata.owner_references is None
     kube.delete(MS, "mlp")
     wait_for(lambda: kube.get(RS, "mlp") is None, 90, what="the RayService garbage-collected")
+
+
+def test_the_ray_pods_network_policy_selects_every_ray_pod_and_follows_serve_from(
+    kube: Kube, operator
+) -> None:
+    """Issue 33 item 3, on the real API server, KubeRay and garbage collector: the NetworkPolicy is made
+    before the RayService, owned by the ModelService, selects every pod KubeRay made for it (and no
+    other), follows an edit of spec.serveFrom without a new cluster, and goes with the ModelService.
+    (That a policy engine enforces it is the engine's part: none runs here.)"""
+    networking = kubernetes.client.NetworkingV1Api(kube.core.api_client)
+    name = names.network_policy(names.rayservice_name("mlp"))
+
+    def policy() -> dict | None:
+        try:
+            found = networking.read_namespaced_network_policy(name, kube.namespace)
+        except kubernetes.client.ApiException as err:
+            assert err.status == 404, err
+            return None
+        return kube.core.api_client.sanitize_for_serialization(found)
+
+    def serve_from(stored: dict) -> list | None:
+        (rule,) = [
+            r for r in stored["spec"]["ingress"] if r.get("ports") == [{"port": 8000, "protocol": "TCP"}]
+        ]
+        return rule.get("from")
+
+    kube.pvc()
+    kube.create(MS, sample("mlp", "kind-modelservice-cpu.yaml", model={"uri": "/mnt/models/mlp"}))
+    kube.create(MS, sample("other", "kind-modelservice-cpu.yaml", model={"uri": "/mnt/models/mlp"}))
+    rayservice = wait_for(lambda: kube.get(RS, names.rayservice_name("mlp")), 60, what="the RayService")
+    stored = policy()
+    assert stored is not None, "the NetworkPolicy is made before the RayService"
+    (owner,) = stored["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"]) == ("ModelService", kube.get(MS, "mlp")["metadata"]["uid"])
+    assert serve_from(stored) is None  # Serve's port: open to anyone until spec.serveFrom says
+    assert rayservice["metadata"]["annotations"][names.ANNOTATION_NETWORK_POLICY] != "off"
+
+    clusters = {}
+    for service in ("mlp", "other"):
+        clusters[service] = wait_for(
+            lambda s=service: (kube.status(RS, s).get("pendingServiceStatus") or {}).get("rayClusterName"),
+            60,
+            what=f"KubeRay to prepare {service}'s RayCluster",
+        )
+    ray_pods = {
+        service: wait_for(
+            lambda c=cluster: {p.metadata.name for p in kube.pods(f"ray.io/cluster={c}")}, 60, what="its pods"
+        )
+        for service, cluster in clusters.items()
+    }
+    selector = ",".join(f"{k}={v}" for k, v in stored["spec"]["podSelector"]["matchLabels"].items())
+    selected = {p.metadata.name for p in kube.pods(selector)}
+    assert ray_pods["mlp"] <= selected and not ray_pods["other"] & selected, (selected, ray_pods)
+
+    gateway = [{"podSelector": {"matchLabels": {"app": "gateway"}}}]
+    kube.patch(MS, "mlp", {"spec": {"serveFrom": gateway}})
+    wait_for(
+        lambda: serve_from(policy() or {"spec": {"ingress": []}}) == gateway, 60, what="serveFrom applied"
+    )
+    assert kube.get(RS, "mlp")["spec"]["rayClusterConfig"] == rayservice["spec"]["rayClusterConfig"]
+    assert any(reason == "NetworkPolicyUpdated" for _, reason, _ in kube.events("mlp"))
+
+    for service in ("mlp", "other"):
+        kube.delete(MS, service)
+    wait_for(lambda: policy() is None, 90, what="the NetworkPolicy garbage-collected")

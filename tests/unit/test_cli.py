@@ -31,7 +31,13 @@ def test_render_yaml_and_json_agree(capsys) -> None:
     as_yaml = list(yaml.safe_load_all(out))
     code, out, _ = run(capsys, "render", "-f", str(SAMPLE), "-o", "json")
     assert code == 0 and json.loads(out) == {"apiVersion": "v1", "kind": "List", "items": as_yaml}
-    assert [o["kind"] for o in as_yaml] == ["ServiceAccount", "RoleBinding", "Secret", "RayJob"]
+    assert [o["kind"] for o in as_yaml] == [
+        "ServiceAccount",
+        "RoleBinding",
+        "NetworkPolicy",
+        "Secret",
+        "RayJob",
+    ]
     assert as_yaml[-1]["metadata"]["name"] == "mlp-ddp"
 
 

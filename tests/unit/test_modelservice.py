@@ -481,7 +481,8 @@ def test_serve_is_asked_through_the_head_service_with_the_derived_token() -> Non
 def test_the_ray_token_secret_is_made_before_the_rayservice() -> None:
     todo = plan(load(), None, tj("Succeeded", model="s3://m/v1"), CONFIG)
     assert todo.create is not None
-    (secret,) = todo.prerequisites
+    secret, policy = todo.prerequisites
+    assert policy["kind"] == "NetworkPolicy"
     name = todo.create["spec"]["rayClusterConfig"]["authOptions"]["secretName"]
     assert secret["kind"] == "Secret" and secret["metadata"]["name"] == name
     # unguessable: derived from the operator's key and the ModelService's UID, never `<name>-ray-token`

@@ -133,7 +133,8 @@ def test_pvcs_of_several_jobs_are_each_mounted_once() -> None:
 def test_cli_render_shows_stand_ins_for_each_training_job(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["render", "-f", str(SPEC)]) == 0
     out, err = capsys.readouterr()
-    (rayservice,) = list(yaml.safe_load_all(out))
+    policy, rayservice = list(yaml.safe_load_all(out))
+    assert policy["kind"] == "NetworkPolicy"
     assert args_of(rayservice)["models"] == {
         "baseline": BASELINE,
         "large": "trainingjob://default/mlp-large/best",

@@ -204,8 +204,14 @@ def test_the_driver_reads_the_resolved_trainingjob_from_the_spec_secret(spec: Pa
 
 def test_workload_rbac_is_least_privilege_and_used_by_the_ray_pods() -> None:
     objects = rendered_all(SAMPLES / "trainingjob-ddp.yaml")
-    assert [o["kind"] for o in objects] == ["ServiceAccount", "RoleBinding", "Secret", "RayJob"]
-    account, binding, _, rayjob = objects
+    assert [o["kind"] for o in objects] == [
+        "ServiceAccount",
+        "RoleBinding",
+        "NetworkPolicy",
+        "Secret",
+        "RayJob",
+    ]
+    account, binding, _, _, rayjob = objects
     assert account["metadata"]["name"] == binding["metadata"]["name"] == "mlp-ddp-workload"
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",

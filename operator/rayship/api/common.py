@@ -35,6 +35,7 @@ QUALIFIED_NAME_PATTERN = (
 )
 DNS1123_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+CIDR_PATTERN = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"  # an IPv4 or IPv6 CIDR (the API server checks it exactly)
 IMAGE_PATTERN = r"^\S+$"  # no whitespace anywhere: the kubelet cannot pull such a reference
 # Memory: whole bytes (no milli-units such as 1m); bounds (>= 64Mi, < 8Ei) are CEL rules below.
 MEMORY_PATTERN = r"^[0-9]+(\.[0-9]+)?(k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
@@ -259,6 +260,57 @@ Tolerations = Annotated[
     list[Toleration],
     Field(default_factory=list, max_length=32, description="Extra tolerations for the worker pods."),
 ]
+
+
+LabelValues = Annotated[
+    dict[str, Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]],
+    Field(max_length=64, description="Labels that must all match (keys are label keys)."),
+]
+
+
+def _label_keys_rule(field: str) -> CelRule:
+    return CelRule(
+        f"!has(self.{field}) || self.{field}.all(k, k.size() <= 316 && k.matches('"
+        + QUALIFIED_NAME_PATTERN.replace("\\", "\\\\")
+        + "'))",
+        f"{field} keys must be label keys: [prefix/]name, name at most 63 letters, digits, '-', '_', '.'",
+    )
+
+
+class LabelSelector(ApiModel):
+    """Pods or namespaces by their labels (a metav1.LabelSelector with matchLabels only); `{}` selects
+    all."""
+
+    cel_rules: ClassVar = (_label_keys_rule("matchLabels"),)
+    match_labels: LabelValues = Field(default_factory=dict, description="Labels that must all match.")
+
+
+class IpBlock(ApiModel):
+    """Addresses outside the pod network (a networking/v1 IPBlock)."""
+
+    cidr: str = Field(..., pattern=CIDR_PATTERN, max_length=43, description="A CIDR, e.g. 10.0.0.0/8.")
+    except_: list[Annotated[str, Field(pattern=CIDR_PATTERN, max_length=43)]] | None = Field(
+        None, alias="except", max_length=32, description="CIDRs inside cidr that are not allowed."
+    )
+
+
+class NetworkPeer(ApiModel):
+    """Who may connect (a networking/v1 NetworkPolicyPeer): pods by podSelector, in the namespaces of
+    namespaceSelector (none: the object's own namespace), or addresses by ipBlock."""
+
+    cel_rules: ClassVar = (
+        CelRule(
+            "has(self.podSelector) || has(self.namespaceSelector) || has(self.ipBlock)",
+            "set podSelector, namespaceSelector or ipBlock",
+        ),
+        CelRule(
+            "!has(self.ipBlock) || (!has(self.podSelector) && !has(self.namespaceSelector))",
+            "ipBlock goes alone: put pods and namespaces in another entry",
+        ),
+    )
+    pod_selector: LabelSelector | None = Field(None, description="Pods by their labels.")
+    namespace_selector: LabelSelector | None = Field(None, description="Namespaces by their labels.")
+    ip_block: IpBlock | None = Field(None, description="Addresses outside the pod network.")
 
 
 class Condition(ApiModel):

@@ -19,6 +19,7 @@ from rayship.api.common import (
     EnvVar,
     GpuProduct,
     Kind,
+    NetworkPeer,
     NodeSelector,
     ObjectMeta,
     PrinterColumn,
@@ -395,6 +396,13 @@ class ModelServiceSpec(ApiModel):
         pattern=ROUTE_PREFIX_PATTERN,
         max_length=256,
         description="HTTP path prefix of the service, e.g. /mnist.",
+    )
+    serve_from: list[NetworkPeer] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Who may reach Serve's port (8000) on the Ray pods, where the operator renders a "
+        "NetworkPolicy per Ray cluster (its default; the Ray pods' other ports are closed to all but "
+        "one another): pods, namespaces or addresses (NetworkPolicyPeer). Empty: anyone.",
     )
     upgrade_strategy: Literal["NewCluster", "NewClusterWithIncrementalUpgrade", "None"] = Field(
         "NewCluster",

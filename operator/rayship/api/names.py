@@ -25,6 +25,9 @@ ANNOTATION_SPEC = f"{api.GROUP}/applied-spec"
 ANNOTATION_CLUSTER_HASH = f"{api.GROUP}/cluster-config-hash"
 ANNOTATION_MODEL = f"{api.GROUP}/model-uri"
 ANNOTATION_MODELS = f"{api.GROUP}/models"
+# On a RayService: a hash of the NetworkPolicy its Ray pods should have ("off": none), so that an edit of
+# spec.serveFrom (or of the chart's policy settings) is applied to the policy without a new cluster.
+ANNOTATION_NETWORK_POLICY = f"{api.GROUP}/network-policy"
 # kopf's own bookkeeping (progress, last handled configuration) in annotations with this prefix.
 KOPF_ANNOTATION_PREFIX = api.GROUP
 # kopf's copy of the spec it last handled (its diff base for update handlers), under that prefix.
@@ -93,6 +96,9 @@ SPEC_FILE = "trainingjob.json"  # the key (and file) of the resolved TrainingJob
 TOKEN_KEY_SECRET = "rayship-ray-token-key"
 RAY_TOKEN_KEY = "auth_token"  # KubeRay reads the token from this key of `authOptions.secretName`
 DASHBOARD_PORT = "dashboard"  # KubeRay's name for the head Service's dashboard port
+# The container ports KubeRay gives a Ray head (the dashboard) and Serve's proxy on every Ray pod.
+DASHBOARD_PORT_NUMBER = 8265
+SERVE_PORT_NUMBER = 8000
 
 
 # The Ray pods of every TrainingJob: a ClusterRole (the chart's) that lets them patch TrainingJob status,
@@ -120,6 +126,16 @@ def pod_labels(object_labels: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in object_labels.items() if k not in KUBERAY_POD_LABELS}
 
 
+def owner_label(kind: str) -> str:
+    """The label key naming the custom resource of `kind` on every object (and Ray pod) made for it."""
+    return f"{api.GROUP}/{kind.lower()}"
+
+
+def network_policy(child: str) -> str:
+    """The NetworkPolicy of the Ray cluster(s) of a RayJob or RayService named `child`."""
+    return dns1035_name(f"{child}-ray-pods", 63)
+
+
 def labels(kind: str, name: str, component: str) -> dict[str, str]:
     """Labels on every object rayship renders for the custom resource `kind/name`."""
     return {
@@ -128,5 +144,5 @@ def labels(kind: str, name: str, component: str) -> dict[str, str]:
         LABEL_COMPONENT: component,
         LABEL_PART_OF: PART_OF,
         LABEL_MANAGED_BY: "rayship-operator",
-        f"{api.GROUP}/{kind.lower()}": name,
+        owner_label(kind): name,
     }

@@ -152,8 +152,9 @@ def create(resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def ensure(body: Mapping[str, Any], owner: Mapping[str, Any]) -> None:
-    """Create a core/RBAC object (ServiceAccount, RoleBinding, Secret) owned by `owner`, unless `owner`
-    already owns one of that name. One that exists and is not `owner`'s is never used: `Busy` if it
+    """Create a core/RBAC/networking object (ServiceAccount, RoleBinding, Secret, NetworkPolicy) owned by
+    `owner`, unless `owner` already owns one of that name (a NetworkPolicy's spec is then brought to
+    `body`'s). One that exists and is not `owner`'s is never used: `Busy` if it
     belongs to an earlier namesake being garbage-collected, `Rejected` otherwise."""
     try:
         kubernetes.utils.create_from_dict(_client(), dict(body), _request_timeout=TIMEOUT)
@@ -172,6 +173,17 @@ def ensure(body: Mapping[str, Any], owner: Mapping[str, Any]) -> None:
     existing = _read_core(body)
     how = ownership(existing, owner)
     if how == "owned":
+        if body["kind"] == "NetworkPolicy" and existing.get("spec") != body["spec"]:
+            # A ModelService's spec.serveFrom, or the chart's policy settings, changed: the whole spec
+            # replaced (a merge patch would keep peers and rules that were removed).
+            networking = kubernetes.client.NetworkingV1Api(_client())
+            meta = body["metadata"]
+            networking.patch_namespaced_network_policy(
+                meta["name"],
+                meta["namespace"],
+                [{"op": "replace", "path": "/spec", "value": body["spec"]}],
+                _request_timeout=TIMEOUT,
+            )
         return
     message = describe_foreign(existing, str(body["kind"]), how)
     if how == "previous":
@@ -180,12 +192,13 @@ def ensure(body: Mapping[str, Any], owner: Mapping[str, Any]) -> None:
 
 
 def _read_core(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The stored ServiceAccount / RoleBinding of `body`'s name (for its ownerReferences)."""
+    """The stored ServiceAccount / RoleBinding / NetworkPolicy of `body`'s name (for its ownerReferences)."""
     core = kubernetes.client.CoreV1Api(_client())
     rbac = kubernetes.client.RbacAuthorizationV1Api(_client())
     readers: dict[str, Callable[..., Any]] = {
         "ServiceAccount": core.read_namespaced_service_account,
         "RoleBinding": rbac.read_namespaced_role_binding,
+        "NetworkPolicy": kubernetes.client.NetworkingV1Api(_client()).read_namespaced_network_policy,
     }
     meta = body["metadata"]
     found = readers[body["kind"]](meta["name"], meta["namespace"], _request_timeout=TIMEOUT)

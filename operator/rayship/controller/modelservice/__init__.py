@@ -53,6 +53,7 @@ from rayship.controller.modelservice.rayservice import (
     desired_rayservice,
     model_annotation,
     model_volumes,
+    network_policy,
     ray_cluster_config,
     service_url,
 )
@@ -108,6 +109,7 @@ __all__ = [
     "model_annotation",
     "describe",
     "desired_rayservice",
+    "network_policy",
     "ray_token",
     "token_secret",
     "token_secret_name",

@@ -22,6 +22,7 @@ from rayship.controller.modelservice.rayservice import (
     describe,
     desired_rayservice,
     model_annotation,
+    network_policy,
     service_url,
 )
 from rayship.controller.modelservice.serve_probe import token_secret
@@ -79,7 +80,7 @@ def plan(
         return Plan(
             name,
             create=desired,
-            prerequisites=(token_secret(ms, config),),
+            prerequisites=(token_secret(ms, config), *_policy(ms, config)),
             on_create=created,
             context=context,
         )
@@ -108,16 +109,33 @@ def _update(
     if applied.get(names.ANNOTATION_CLUSTER_HASH) != wanted_hash:
         spec.update({k: v for k, v in desired["spec"].items() if k != "serveConfigV2"})
         annotations[names.ANNOTATION_CLUSTER_HASH] = wanted_hash
-    if not spec:
+    wanted_policy = desired["metadata"]["annotations"][names.ANNOTATION_NETWORK_POLICY]
+    # Turned off (the chart's networkPolicy.enabled): policies already made are left as they are.
+    policy_changed = wanted_policy != "off" and applied.get(names.ANNOTATION_NETWORK_POLICY) != wanted_policy
+    if not spec and not policy_changed:
         return Plan(name, context=context)
     new_cluster = "rayClusterConfig" in spec
-    what = "new cluster config" if new_cluster else ("new models" if multi else "new model")
-    what += "" if new_cluster else " (in-place Serve rollout)"
+    prerequisites: tuple[dict[str, Any], ...] = ()
+    if new_cluster:  # a new cluster needs its token Secret (a RayService made before there was one, too)
+        prerequisites += (token_secret(ms, config),)
+    if policy_changed:  # made, or brought to the spec (k8s.ensure), before the patch records it
+        annotations[names.ANNOTATION_NETWORK_POLICY] = wanted_policy
+        prerequisites += _policy(ms, config)
+    if spec:
+        what = "new cluster config" if new_cluster else ("new models" if multi else "new model")
+        what += "" if new_cluster else " (in-place Serve rollout)"
+        event = Event("Normal", "RayServiceUpdated", f"{what}: {describe(model)}")
+    else:
+        event = Event("Normal", "NetworkPolicyUpdated", "the Ray pods' NetworkPolicy brought to the spec")
     return Plan(
         name,
         patch={"metadata": {"annotations": annotations}, "spec": spec},
-        # a new cluster needs its token Secret (a RayService made before there was one, too)
-        prerequisites=(token_secret(ms, config),) if new_cluster else (),
-        on_patch=Event("Normal", "RayServiceUpdated", f"{what}: {describe(model)}"),
+        prerequisites=prerequisites,
+        on_patch=event,
         context=context,
     )
+
+
+def _policy(ms: api.ModelService, config: OperatorConfig) -> tuple[dict[str, Any], ...]:
+    policy = network_policy(ms, config)
+    return (policy,) if policy else ()

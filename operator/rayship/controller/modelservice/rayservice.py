@@ -18,6 +18,7 @@ from rayship.config import OperatorConfig
 from rayship.controller import pods
 from rayship.controller.modelservice.engines import Model, serve_config
 from rayship.controller.modelservice.serve_probe import token_secret_name
+from rayship.controller.network_policy import build_network_policy
 
 ModelVolumes = api.PvcStorage | tuple[api.PvcStorage, ...] | None  # the models' PVCs
 
@@ -145,6 +146,16 @@ def describe(model: Model | None) -> str:
     return ", ".join(f"{name}={uri}" for name, uri in sorted(model.items())) or "no model"
 
 
+def network_policy(ms: api.ModelService, config: OperatorConfig) -> dict[str, Any] | None:
+    """The NetworkPolicy of the service's Ray pods (every cluster it has, during an upgrade too)."""
+    rayservice = names.rayservice_name(ms.metadata.name)
+    return build_network_policy(config, ms.metadata, "ModelService", rayservice, ms.spec.serve_from)
+
+
+def network_policy_hash(policy: Mapping[str, Any] | None) -> str:
+    return hashlib.sha256(canonical_json(policy["spec"]).encode()).hexdigest()[:16] if policy else "off"
+
+
 def desired_rayservice(
     ms: api.ModelService, config: OperatorConfig, model: Model, volume: ModelVolumes = None
 ) -> dict[str, Any]:
@@ -153,5 +164,6 @@ def desired_rayservice(
     rayservice["metadata"]["annotations"] = {
         names.ANNOTATION_CLUSTER_HASH: cluster_hash(rayservice["spec"]),
         key: value,
+        names.ANNOTATION_NETWORK_POLICY: network_policy_hash(network_policy(ms, config)),
     }
     return rayservice

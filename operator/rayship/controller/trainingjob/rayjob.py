@@ -19,6 +19,7 @@ from rayship.controller import pods
 from rayship.controller.conditions import (
     STUCK_WAITING_REASONS,
 )
+from rayship.controller.network_policy import build_network_policy
 
 # KubeRay could not create or delete a Ray pod (its RayCluster's ReplicaFailure condition, with
 # KubeRay v1.6's reasons; `phase.replica_failure`), a ResourceQuota's refusal named as such.
@@ -303,7 +304,8 @@ def build_workload_rbac(tj: api.TrainingJob) -> list[dict[str, Any]]:
 
 def render_trainingjob(tj: api.TrainingJob, config: OperatorConfig) -> list[dict[str, Any]]:
     """Every object the operator creates for a TrainingJob, in creation order."""
-    return [*build_workload_rbac(tj), *_build(tj, config)]
+    policy = build_network_policy(config, tj.metadata, "TrainingJob", names.rayjob_name(tj.metadata.name))
+    return [*build_workload_rbac(tj), *([policy] if policy else []), *_build(tj, config)]
 
 
 def total_gpus(tj: api.TrainingJob) -> int:
