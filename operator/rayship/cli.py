@@ -304,6 +304,44 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    from rayship import joblogs
+
+    try:
+        return joblogs.show(
+            args.ref, namespace=args.namespace, attempt=args.attempt, rank=args.rank, follow=args.follow,
+            image=args.image, kubeconfig=args.kubeconfig, context=args.context,
+        )  # fmt: skip
+    except joblogs.LogsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+
+
+def _logs_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "logs",
+        help="a TrainingJob's output, kept next to its checkpoints: live while its Ray cluster runs, "
+        "from the PVC after it is gone",
+    )
+    p.add_argument("ref", help="tj/NAME")
+    p.add_argument("-n", "--namespace", help="its namespace (default: the context's)")
+    p.add_argument("--attempt", type=int, help="which attempt (1, 2, ...; default: the latest)")
+    p.add_argument(
+        "--rank",
+        type=int,
+        help="one training worker's own output (default: the driver's, with every worker's)",
+    )
+    p.add_argument("-f", "--follow", action="store_true", help="follow it while the cluster runs")
+    p.add_argument(
+        "--image", help="image of the pod that reads the PVC once the cluster is gone (default: spec.image)"
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    p.add_argument("--context", help="kubeconfig context (default: the current one)")
+    p.set_defaults(func=cmd_logs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rayship", description="Distributed ML on Ray, on Kubernetes.")
     parser.add_argument("--version", action="version", version=f"rayship {__version__}")
@@ -340,6 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", default="rayship-runs", help="where checkpoints, metrics and the model go")
     p.add_argument("--port", type=_port, default=8000, help="HTTP port on 127.0.0.1 for the demo service")
     p.set_defaults(func=cmd_demo)
+
+    _logs_parser(sub)
 
     p = sub.add_parser("generate", help="write the CRDs and manifests generated from the API models")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="repository root")

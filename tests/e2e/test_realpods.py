@@ -13,6 +13,7 @@ Sizes fit the node's 2 CPUs: heads and workers request fractions of a CPU.
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -160,6 +161,14 @@ def test_ddp_trains_across_two_worker_pods_and_resumes_when_one_is_deleted(
     assert {"EPOCH", "LOSS", "GPU-HOURS"} <= set(cells), out
     assert float(cells["LOSS"]) > 0, out
     print(f"kubectl get tj while Running:\n{out}")
+    # `rayship logs` while the cluster runs: the driver's log (every rank's lines, as Ray forwards
+    # them) read from the PVC through the head pod
+    live = wait_for(
+        lambda: "rank 0 epoch 1/" in (found := rayship_logs(cluster, kube)).stdout and found,
+        30,
+        what="`rayship logs` while Running",
+    )
+    assert live.returncode == 0, live.stderr
 
     cluster_name = kube.status(RJ, names.rayjob_name(TRAINING))["rayClusterName"]
     workers = kube.pods(f"ray.io/cluster={cluster_name},ray.io/node-type=worker")
@@ -225,10 +234,30 @@ def test_ddp_trains_across_two_worker_pods_and_resumes_when_one_is_deleted(
     ).total_seconds()
     assert only["cpuSeconds"] == status["cpuSeconds"] == pytest.approx(cpus * span, abs=cpus), (only, span)
     assert status["gpuSeconds"] == 0 and status["cpuHours"] == round(status["cpuSeconds"] / 3600, 3)
+    # Once KubeRay has deleted the cluster (ttlSecondsAfterFinished), `rayship logs` reads the same
+    # files from the PVC through a reader pod: the driver's (each rank's lines) and one rank's own.
+    wait_for(lambda: not kube.pods(f"ray.io/cluster={cluster_name}"), 120, what="the Ray cluster deleted")
+    started = time.monotonic()
+    kept = rayship_logs(cluster, kube)
+    print(f"rayship logs from the PVC through a reader pod: {time.monotonic() - started:.1f}s")
+    assert kept.returncode == 0, kept.stderr
+    for rank in (0, 1):
+        assert f"rank {rank} epoch {epochs_in_all}/{epochs_in_all}" in kept.stdout, kept.stdout[-2000:]
+    own = rayship_logs(cluster, kube, "--rank", "1")
+    assert own.returncode == 0 and "rank 1 epoch" in own.stdout and "rank 0 epoch" not in own.stdout, own
+    assert (run / "logs" / "attempt-1" / "rank-1.log").is_file()
+    assert not kube.pods(f"{names.owner_label('TrainingJob')}={TRAINING}"), "the reader pod is deleted"
     print(
         f"training on real pods: first epoch {first_epoch:.0f}s after apply; worker deleted after epoch "
         f"{deleted_at} (checkpoints {checkpoints()}), epochs seen {epochs}; Succeeded in {time.monotonic() - t0:.0f}s"
     )
+
+
+def rayship_logs(cluster, kube: Kube, *args: str) -> subprocess.CompletedProcess[str]:
+    """`rayship logs tj/<the training job>` as a user runs it, with the cluster's kubeconfig."""
+    argv = [str(controlplane.VENV_BIN / "rayship"), "logs", f"tj/{TRAINING}", "-n", kube.namespace]
+    argv += ["--kubeconfig", str(cluster.kubeconfig), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
 
 
 def table_row(out: str) -> dict[str, str]:

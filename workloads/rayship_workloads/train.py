@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow.fs as pafs
 import ray.data
 import ray.exceptions
+import ray.train
 
 # Ray Train V2 is the default in Ray 2.60 and what `ray.train.*` is at run time; its classes come from
 # their own modules so that type checkers see the V2 signatures (`Result` is what `fit()` is typed as).
@@ -35,9 +36,11 @@ from ray.train.v2.api.exceptions import TrainingFailedError
 from ray.train.v2.torch.torch_trainer import TorchTrainer
 
 from rayship import api
+from rayship.api import names
 from rayship_workloads import (
     data,
     integrity,
+    joblog,
     models,
     progress,
     recipes,
@@ -132,6 +135,15 @@ def loop_for(trainer: api.TrainerSpec) -> recipes.TrainLoop:
     return recipes.train_loop(trainer)
 
 
+def _logged(loop: recipes.TrainLoop, config: dict[str, Any]) -> Any:
+    """On each training worker: its output also goes to `rank-<R>.log` next to the checkpoints (the
+    attempt the driver started), then the loop runs."""
+    context = config["rayship"]
+    rank = ray.train.get_context().get_world_rank()
+    joblog.capture(context["storage_root"], context["run_name"], names.rank_log(rank), new_attempt=False)
+    return loop(config)
+
+
 def build_trainer(
     tj: api.TrainingJob,
     *,
@@ -155,7 +167,7 @@ def build_trainer(
     resources: dict[str, float] = {"CPU": 1, "GPU": gpus} if gpus else {"CPU": 1}  # spare CPUs feed Ray Data
     failures = spec.failure_policy.max_worker_failures if max_failures is None else max_failures
     trainer = TorchTrainer(
-        loop_for(spec.trainer),
+        functools.partial(_logged, loop_for(spec.trainer)),
         train_loop_config=prepared.loop_config(tj, handoff),
         scaling_config=ScalingConfig(
             num_workers=workers.replicas, use_gpu=gpus > 0, resources_per_worker=resources

@@ -37,6 +37,7 @@ KOPF_DIFFBASE_ANNOTATION = f"{KOPF_ANNOTATION_PREFIX}/last-handled-configuration
 ENV_TRAININGJOB = "RAYSHIP_TRAININGJOB"
 ENV_MODELSERVICE = "RAYSHIP_MODELSERVICE"
 ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+ENV_RAY_DEDUP_LOGS = "RAY_DEDUP_LOGS"  # Ray's own switch for merging look-alike worker lines
 
 # Pod parts of the KubeRay objects.
 HEAD_CONTAINER = "ray-head"
@@ -146,3 +147,22 @@ def labels(kind: str, name: str, component: str) -> dict[str, str]:
         LABEL_MANAGED_BY: "rayship-operator",
         owner_label(kind): name,
     }
+
+
+# A TrainingJob's output, kept next to its checkpoints (`<storage>/<run>/logs/`) so that it outlives the
+# Ray cluster: one folder per attempt (numbered as the driver starts), one file per process, rotated by
+# size (`driver.log`, `driver.log.1` the one before, ...). Written by rayship_workloads.joblog, read by
+# `rayship logs`.
+LOGS_DIR = "logs"
+DRIVER_LOG = "driver"  # the job's driver: its own output and every worker's, as Ray forwards it
+LOG_ROTATE_BYTES = 16 * 1024 * 1024
+LOG_BACKUPS = 4  # rotated files kept per process: at most (1 + 4) x 16 MiB
+
+
+def attempt_dir(attempt: int) -> str:
+    return f"attempt-{attempt}"
+
+
+def rank_log(rank: int) -> str:
+    """The name (before `.log`) of one training worker's file: `rank-0`, `rank-1`, ..."""
+    return f"rank-{rank}"

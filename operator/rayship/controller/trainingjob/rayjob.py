@@ -188,6 +188,10 @@ def _pod_templates(
         node_selector={},
         tolerations=[],
     )
+    # The driver runs on the head, and its output is kept as the job's log (`rayship logs`): Ray's dedup
+    # of look-alike lines from the workers ("[repeated 3x across cluster]") would keep one rank's line
+    # of each epoch and drop the others'.
+    head["spec"]["containers"][0]["env"].append({"name": names.ENV_RAY_DEDUP_LOGS, "value": "0"})
     worker = template(
         names.WORKER_CONTAINER, workers.cpus_per_worker, workers.memory_per_worker, workers.gpus_per_worker,
         checkpoints, node_selector=selector, tolerations=tolerations,

@@ -1,0 +1,265 @@
+"""`rayship logs tj/NAME`: a TrainingJob's output as its workload keeps it next to the checkpoints
+(`<mount>/<namespace>.<name>/logs/attempt-<N>/<process>.log`, rayship_workloads.joblog), so that it
+outlives the Ray cluster.
+
+The files are read by one shell script (`reader_script`), run where the checkpoint PVC is mounted:
+in the job's Ray head while its cluster runs (`kubectl exec`'s API: follows the file with -f), else
+in a short-lived reader pod that mounts the PVC read-only, is read with `kubectl logs`' API and
+deleted. The caller's kubeconfig and context are used, as kubectl's; they need pods get/list/create/
+delete, pods/exec and pods/log in the namespace, and get on trainingjobs.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, cast
+
+from rayship import api
+from rayship.api import names
+from rayship.api.validation import SpecError, parse_trainingjob
+
+READER_SECONDS = 180  # a reader pod that has not finished by then is named with why
+NOT_YET = 3  # the script's exit code when the job has written no logs (yet)
+
+
+class LogsError(Exception):
+    """One line naming what is missing and what to do."""
+
+
+@dataclass(frozen=True)
+class Target:
+    namespace: str
+    name: str
+    claim: str
+    mount: str
+    logs_dir: str
+    image: str | None  # the job's image, for a reader pod
+
+
+def target(trainingjob: dict[str, Any]) -> Target:
+    """Where a TrainingJob (as the API server returned it) keeps its logs."""
+    try:
+        tj = parse_trainingjob(trainingjob, admitted=True)
+    except SpecError as err:
+        raise LogsError(f"the TrainingJob as stored is not valid: {'; '.join(err.problems)}") from None
+    store = tj.spec.checkpoint.storage
+    if store is None or store.pvc is None:
+        raise LogsError(
+            "spec.checkpoint.storage is not a PVC: logs are kept next to checkpoints on a PVC only "
+            "(object storage has no append); read the pods' logs while the Ray cluster runs"
+        )
+    namespace = tj.metadata.namespace or "default"
+    run = f"{namespace}.{tj.metadata.name}"  # rayship_workloads.train.run_name in a cluster
+    return Target(
+        namespace=namespace,
+        name=tj.metadata.name,
+        claim=store.pvc.claim_name,
+        mount=store.pvc.mount_path,
+        logs_dir=f"{store.pvc.mount_path.rstrip('/')}/{run}/{names.LOGS_DIR}",
+        image=tj.spec.image,
+    )
+
+
+def process_name(rank: int | None) -> str:
+    return names.DRIVER_LOG if rank is None else names.rank_log(rank)
+
+
+def reader_script(logs_dir: str, attempt: int | None, process: str, follow: bool) -> str:
+    """The POSIX shell script that prints one process's log of one attempt (the latest by default),
+    its rotated files oldest first; with `follow`, then follows the file as it grows."""
+    folder = shlex.quote(logs_dir)
+    pick = (
+        f"a={attempt}"
+        if attempt is not None
+        else "a=$(ls -d attempt-* 2>/dev/null | sed 's/^attempt-//' | sort -n | tail -n 1)"
+    )
+    backups = " ".join(str(n) for n in range(names.LOG_BACKUPS, 0, -1))
+    last = f"exec tail -n +1 -F {'$f'}" if follow else 'cat "$f"'
+    return "\n".join(
+        [
+            f"cd {folder} 2>/dev/null || {{ echo 'rayship: no logs yet in '{folder} >&2; exit {NOT_YET}; }}",
+            pick,
+            f"[ -n \"$a\" ] || {{ echo 'rayship: no attempt has started yet in '{folder} >&2; exit {NOT_YET}; }}",
+            f'f="attempt-$a/{process}.log"',
+            '[ -f "$f" ] || { echo "rayship: no $f; attempt $a has: $(ls "attempt-$a" 2>/dev/null | '
+            "sed -n 's/[.]log$//p' | tr '\\n' ' ')(and attempts: $(ls -d attempt-* 2>/dev/null | "
+            "tr '\\n' ' '))\" >&2; exit 4; }",
+            f'for n in {backups}; do [ ! -f "$f.$n" ] || cat "$f.$n"; done',
+            last,
+        ]
+    )
+
+
+def reader_pod(where: Target, script: str, image: str) -> dict[str, Any]:
+    """A pod that runs `script` with the checkpoint PVC mounted read-only, as the Ray pods do (uid 1000,
+    non-root), small enough for any node."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": names.dns1035_name(f"{where.name}-logs-{uuid.uuid4().hex[:5]}", 63),
+            "namespace": where.namespace,
+            "labels": names.labels("TrainingJob", where.name, "logs-reader"),
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 1000,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "logs",
+                    "image": image,
+                    "command": ["sh", "-c", script],
+                    "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                    "volumeMounts": [{"name": "checkpoints", "mountPath": where.mount, "readOnly": True}],
+                }
+            ],
+            "volumes": [
+                {"name": "checkpoints", "persistentVolumeClaim": {"claimName": where.claim, "readOnly": True}}
+            ],
+        },
+    }
+
+
+# --- Kubernetes I/O ---------------------------------------------------------------------------------
+
+
+def _clients(kubeconfig: str | None, context: str | None) -> tuple[Any, str]:
+    """An ApiClient from the kubeconfig (kubectl's: $KUBECONFIG or ~/.kube/config) and its context's
+    namespace (default: "default")."""
+    import kubernetes
+
+    try:
+        contexts, active = kubernetes.config.list_kube_config_contexts(config_file=kubeconfig)
+        chosen = next((c for c in contexts if c["name"] == context), None) if context else active
+        if chosen is None:
+            raise LogsError(f"--context {context}: no such context in the kubeconfig")
+        client = kubernetes.config.new_client_from_config(config_file=kubeconfig, context=context)
+    except kubernetes.config.ConfigException as err:
+        raise LogsError(f"kubeconfig: {err} (set --kubeconfig or KUBECONFIG)") from None
+    return client, chosen["context"].get("namespace") or "default"
+
+
+def _head_pod(core: Any, where: Target) -> str | None:
+    selector = f"{names.owner_label('TrainingJob')}={where.name},ray.io/node-type=head"
+    pods = core.list_namespaced_pod(where.namespace, label_selector=selector).items
+    running = [
+        p.metadata.name for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp
+    ]
+    return running[0] if running else None
+
+
+def _exec(core: Any, pod: str, where: Target, script: str) -> int:
+    from kubernetes.stream import stream
+
+    resp = stream(
+        core.connect_get_namespaced_pod_exec, pod, where.namespace, container=names.HEAD_CONTAINER,
+        command=["sh", "-c", script], stdout=True, stderr=True, stdin=False, tty=False, _preload_content=False,
+    )  # fmt: skip
+    try:
+        while resp.is_open():
+            resp.update(timeout=1)
+            if resp.peek_stdout():
+                sys.stdout.write(resp.read_stdout())
+                sys.stdout.flush()
+            if resp.peek_stderr():
+                sys.stderr.write(resp.read_stderr())
+    finally:
+        resp.close()
+    return resp.returncode or 0
+
+
+def _reader(core: Any, where: Target, script: str, image: str) -> int:
+    from kubernetes.client import ApiException
+
+    pod = reader_pod(where, script, image)
+    name = pod["metadata"]["name"]
+    core.create_namespaced_pod(where.namespace, pod)
+    try:
+        deadline = time.monotonic() + READER_SECONDS
+        while True:
+            found = core.read_namespaced_pod(name, where.namespace)
+            if found.status.phase in ("Succeeded", "Failed"):
+                break
+            if time.monotonic() > deadline:
+                raise LogsError(f"the reader pod {name} did not finish in {READER_SECONDS}s: {_why(found)}")
+            time.sleep(0.5)
+        text = core.read_namespaced_pod_log(name, where.namespace, container="logs")
+        (state,) = found.status.container_statuses or [None]
+        code = state.state.terminated.exit_code if state and state.state.terminated else 1
+        (sys.stdout if code == 0 else sys.stderr).write(text)
+        return int(code)
+    finally:
+        try:
+            core.delete_namespaced_pod(name, where.namespace, grace_period_seconds=0)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+
+def _why(pod: Any) -> str:
+    for cond in pod.status.conditions or []:
+        if cond.status != "True" and cond.message:
+            return f"{cond.reason}: {cond.message}"
+    for status in pod.status.container_statuses or []:
+        if status.state.waiting:
+            return f"{status.state.waiting.reason}: {status.state.waiting.message or ''}".strip()
+    return f"phase {pod.status.phase}"
+
+
+def show(
+    ref: str,
+    *,
+    namespace: str | None,
+    attempt: int | None,
+    rank: int | None,
+    follow: bool,
+    image: str | None,
+    kubeconfig: str | None,
+    context: str | None,
+) -> int:
+    """Print the log `ref` (tj/NAME) names; the script's exit code (0: printed)."""
+    import kubernetes
+    from kubernetes.client import ApiException
+
+    kind, _, name = ref.partition("/")
+    if kind.lower() not in ("tj", "trainingjob", "trainingjobs") or not name:
+        raise LogsError(f"{ref}: name a TrainingJob as tj/NAME")
+    client, default_namespace = _clients(kubeconfig, context)
+    namespace = namespace or default_namespace
+    group, version, plural = api.TRAININGJOBS
+    try:
+        obj = kubernetes.client.CustomObjectsApi(client).get_namespaced_custom_object(
+            group, version, namespace, plural, name
+        )
+    except ApiException as err:
+        if err.status == 404:
+            raise LogsError(f"trainingjob {namespace}/{name} not found") from None
+        raise LogsError(f"reading trainingjob {namespace}/{name}: {err.status} {err.reason}") from None
+    where = target(cast(dict[str, Any], obj))
+    script = reader_script(where.logs_dir, attempt, process_name(rank), follow)
+    core = kubernetes.client.CoreV1Api(client)
+    try:
+        head = _head_pod(core, where)
+        if head is not None:  # the cluster runs: read (and follow) through its head
+            return _exec(core, head, where, script)
+        if follow:
+            print(
+                "rayship: the Ray cluster is gone: printing the log as kept (nothing more will come)",
+                file=sys.stderr,
+            )
+            script = reader_script(where.logs_dir, attempt, process_name(rank), False)
+        if not (image or where.image):
+            raise LogsError("the TrainingJob names no spec.image: name one for the reader pod with --image")
+        return _reader(core, where, script, image or str(where.image))
+    except ApiException as err:
+        raise LogsError(f"{err.status} {err.reason}: {(err.body or '')[:300]}") from None

@@ -1,0 +1,111 @@
+"""`rayship logs` (rayship.joblogs): where a TrainingJob's logs are, and the shell script that reads them,
+run here with a real `sh` on files the workload's own writer made (rayship_workloads.joblog)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rayship import cli, joblogs
+from rayship.api import names
+from rayship_workloads import joblog
+from tests.conftest import SAMPLES
+
+
+def stored(**storage: Any) -> dict[str, Any]:
+    doc = yaml.safe_load((SAMPLES / "trainingjob-ddp.yaml").read_text())
+    doc["metadata"].update(namespace="team-a", uid="u1")
+    if storage:
+        doc["spec"]["checkpoint"]["storage"] = storage
+    return doc
+
+
+def test_the_logs_are_under_the_runs_folder_on_the_checkpoint_pvc() -> None:
+    where = joblogs.target(stored())
+    pvc = yaml.safe_load((SAMPLES / "trainingjob-ddp.yaml").read_text())["spec"]["checkpoint"]["storage"][
+        "pvc"
+    ]
+    assert (where.namespace, where.name, where.claim) == ("team-a", "mlp-ddp", pvc["claimName"])
+    assert where.logs_dir == f"{pvc.get('mountPath', '/mnt/checkpoints')}/team-a.mlp-ddp/logs"
+
+
+def test_object_storage_is_refused_with_what_to_do_instead() -> None:
+    with pytest.raises(joblogs.LogsError, match="not a PVC: logs are kept next to checkpoints on a PVC only"):
+        joblogs.target(stored(uri="s3://bucket/runs"))
+
+
+def run_script(
+    folder: Path, attempt: int | None = None, rank: int | None = None
+) -> subprocess.CompletedProcess[str]:
+    script = joblogs.reader_script(str(folder), attempt, joblogs.process_name(rank), follow=False)
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=False)
+
+
+@pytest.fixture
+def written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Two attempts as the workload writes them: the driver and two ranks, the first driver's file
+    rotated past its backups."""
+    monkeypatch.setattr(names, "LOG_ROTATE_BYTES", 64)
+    saved = sys.stdout, sys.stderr
+    try:
+        for attempt, lines in ((1, 6), (2, 2)):
+            joblog.capture(str(tmp_path), "run", names.DRIVER_LOG, new_attempt=True)
+            for i in range(lines):
+                print(f"attempt {attempt} driver line {i:02d} " + "." * 10)
+            for rank in (0, 1):
+                joblog.capture(str(tmp_path), "run", names.rank_log(rank), new_attempt=False)
+                print(f"attempt {attempt} rank {rank}")
+            sys.stdout.flush()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            if isinstance(stream, joblog.Tee):
+                stream.handler.close()
+        sys.stdout, sys.stderr = saved
+    return tmp_path / "run" / names.LOGS_DIR
+
+
+def test_the_latest_attempts_driver_by_default_an_older_one_or_a_rank_on_request(written: Path) -> None:
+    latest = run_script(written)
+    assert latest.returncode == 0 and latest.stdout.splitlines() == [
+        f"attempt 2 driver line {i:02d} .........." for i in range(2)
+    ]
+    first = run_script(written, attempt=1)
+    # one line a file at 64 bytes: 6 lines made the file and its 4 backups, the oldest rotated out;
+    # what is kept is read oldest first, in order
+    assert (written / "attempt-1" / f"driver.log.{names.LOG_BACKUPS}").is_file()
+    assert first.stdout.splitlines() == [f"attempt 1 driver line {i:02d} .........." for i in range(1, 6)]
+    assert run_script(written, attempt=1, rank=1).stdout == "attempt 1 rank 1\n"
+
+
+def test_what_is_not_there_is_named_with_what_is(written: Path, tmp_path: Path) -> None:
+    missing = run_script(written, rank=7)
+    assert missing.returncode == 4
+    assert "no attempt-2/rank-7.log; attempt 2 has: driver rank-0 rank-1" in missing.stderr
+    assert "attempt-1 attempt-2" in missing.stderr
+    nothing = run_script(tmp_path / "none")
+    assert nothing.returncode == joblogs.NOT_YET and "no logs yet" in nothing.stderr
+    (tmp_path / "empty").mkdir()
+    assert run_script(tmp_path / "empty").returncode == joblogs.NOT_YET
+
+
+def test_the_reader_pod_mounts_the_pvc_read_only_as_a_non_root_user() -> None:
+    where = joblogs.target(stored())
+    pod = joblogs.reader_pod(where, "cat x", "img:1")
+    (container,) = pod["spec"]["containers"]
+    assert container["volumeMounts"] == [{"name": "checkpoints", "mountPath": where.mount, "readOnly": True}]
+    assert pod["spec"]["volumes"][0]["persistentVolumeClaim"] == {"claimName": where.claim, "readOnly": True}
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] and pod["spec"]["restartPolicy"] == "Never"
+    assert container["command"] == ["sh", "-c", "cat x"] and container["image"] == "img:1"
+
+
+def test_a_reference_that_is_not_a_trainingjob_is_one_line_and_exit_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["logs", "ms/mlp"]) == 1
+    err = capsys.readouterr().err
+    assert err == "error: ms/mlp: name a TrainingJob as tj/NAME\n"
