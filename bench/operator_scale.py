@@ -20,14 +20,14 @@ waited for) before the next phase; the last one (N TrainingJobs) is not waited f
                   rayship labels, suspended) created by --threads client threads; time from the first
                   create sent to the last create answered (after 50 untimed warm-up creates).
   floor           what the API server needs for the objects rayship must make per job (its
-                  ServiceAccount and RoleBinding, then the RayJob: rendered by rayship, in that
-                  order), by a client with as many threads as the operator has workers: --burst jobs
+                  ServiceAccount, RoleBinding, NetworkPolicy and spec Secret, then the RayJob:
+                  rendered by rayship, in that order), by a client with as many threads as the operator has workers: --burst jobs
                   all given at once, per job from then until its RayJob create is answered (p99);
                   then N jobs, time until the last is answered. Not a goal's baseline: it says how
                   far from the API server's own limit the operator is.
   every write     N TrainingJobs (suspended) created by a client with as many threads as the
                   operator has workers, each followed by every write its life up to its RayJob needs:
-                  what rayship plans for it (ServiceAccount, RoleBinding, RayJob, owned), one status
+                  what rayship plans for it (those objects, owned), one status
                   write and one Event; no operator runs, nothing is watched or read. Time until the
                   last is answered, ÷ raw RayJobs: the goal's ratio for an operator no costlier than
                   this client. The N TrainingJobs' all-done is printed ÷ this too: what the operator
@@ -434,7 +434,7 @@ def main() -> None:
         floor_s = max(answered) - given
         delete_namespace(client, ns)
         print(
-            f"floor (ServiceAccount, RoleBinding, RayJob per job; {workers} client threads): "
+            f"floor (every object rayship renders per job; {workers} client threads): "
             f"{args.burst} jobs at once: RayJob p99 {pct(floor_burst, 0.99):.2f} s; "
             f"{n} jobs in {floor_s:.2f} s ({floor_s / raw_s:.2f}x the raw RayJobs)"
         )
@@ -449,7 +449,7 @@ def main() -> None:
         cpu_after, cpu_wall = cpu_seconds(groups), time.monotonic() - given
         delete_namespace(client, ns)
         print(
-            f"every write a job needs (TrainingJob create, ServiceAccount, RoleBinding, RayJob, 1 status write, "
+            f"every write a job needs (TrainingJob create, every object rayship renders, 1 status write, "
             f"1 Event; {workers} client threads, no operator): {n} jobs in {writes_s:.2f} s "
             f"({writes_s / raw_s:.2f}x the raw RayJobs)"
         )
