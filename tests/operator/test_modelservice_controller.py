@@ -105,7 +105,7 @@ def test_the_ray_pods_network_policy_selects_every_ray_pod_and_follows_serve_fro
     other), follows an edit of spec.serveFrom without a new cluster, and goes with the ModelService.
     (That a policy engine enforces it is the engine's part: none runs here.)"""
     networking = kubernetes.client.NetworkingV1Api(kube.core.api_client)
-    name = names.network_policy(names.rayservice_name("mlp"))
+    name = names.network_policy("ModelService", names.rayservice_name("mlp"))
 
     def policy() -> dict | None:
         try:

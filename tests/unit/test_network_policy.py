@@ -148,3 +148,15 @@ def test_an_edit_of_serve_from_brings_the_policy_to_it_without_a_new_cluster() -
     assert plan(load(), older, job, CONFIG).prerequisites[0]["kind"] == "NetworkPolicy"
     # Turned off by the chart: nothing made, nothing patched.
     assert plan(load(), older, job, CONFIG.model_copy(update={"network_policy": False})).patch is None
+
+
+def test_a_trainingjob_and_the_modelservice_of_the_same_name_get_a_policy_each() -> None:
+    """The samples' pair is `mlp-cpu` and `mlp-cpu`: one name for both policies made the service's
+    refused as someone else's (found by the e2e tier)."""
+    doc = load(SAMPLES / "trainingjob-ddp.yaml")
+    doc["metadata"]["name"] = "mlp"
+    (job_policy,) = by_kind(trainingjob.render_trainingjob(parse(doc), CONFIG), "NetworkPolicy")
+    service_policy = modelservice.network_policy(parse(service()), CONFIG)
+    assert service_policy is not None and load()["metadata"]["name"] == "mlp"
+    assert job_policy["metadata"]["name"] == "mlp-trainingjob-ray-pods"
+    assert service_policy["metadata"]["name"] == "mlp-modelservice-ray-pods"

@@ -132,9 +132,11 @@ def owner_label(kind: str) -> str:
     return f"{api.GROUP}/{kind.lower()}"
 
 
-def network_policy(child: str) -> str:
-    """The NetworkPolicy of the Ray cluster(s) of a RayJob or RayService named `child`."""
-    return dns1035_name(f"{child}-ray-pods", 63)
+def network_policy(kind: str, child: str) -> str:
+    """The NetworkPolicy of the Ray cluster(s) of the RayJob or RayService named `child`, made for a
+    custom resource of `kind`: the kind is in the name, since a TrainingJob and the ModelService that
+    serves it often share one (`mlp` and `mlp`)."""
+    return dns1035_name(f"{child}-{kind.lower()}-ray-pods", 63)
 
 
 def labels(kind: str, name: str, component: str) -> dict[str, str]:

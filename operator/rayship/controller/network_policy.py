@@ -71,7 +71,7 @@ def build_network_policy(
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": pods.object_meta(
-            meta, names.network_policy(child), names.labels(kind, meta.name, "network")
+            meta, names.network_policy(kind, child), names.labels(kind, meta.name, "network")
         ),
         "spec": {"podSelector": own(), "policyTypes": ["Ingress"], "ingress": ingress},
     }
