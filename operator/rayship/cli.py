@@ -323,9 +323,9 @@ def _logs_parser(sub: Any) -> None:
     p = sub.add_parser(
         "logs",
         help="a TrainingJob's output, kept next to its checkpoints: live while its Ray cluster runs, "
-        "from the PVC after it is gone",
+        "from the PVC after it is gone; a ModelService's replica logs while its pods run",
     )
-    p.add_argument("ref", help="tj/NAME")
+    p.add_argument("ref", help="tj/NAME or ms/NAME")
     p.add_argument("-n", "--namespace", help="its namespace (default: the context's)")
     p.add_argument("--attempt", type=int, help="which attempt (1, 2, ...; default: the latest)")
     p.add_argument(
@@ -333,7 +333,9 @@ def _logs_parser(sub: Any) -> None:
         type=int,
         help="one training worker's own output (default: the driver's, with every worker's)",
     )
-    p.add_argument("-f", "--follow", action="store_true", help="follow it while the cluster runs")
+    p.add_argument(
+        "-f", "--follow", action="store_true", help="follow it while the cluster runs (every pod's, for ms/)"
+    )
     p.add_argument(
         "--image", help="image of the pod that reads the PVC once the cluster is gone (default: spec.image)"
     )

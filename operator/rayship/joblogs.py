@@ -1,4 +1,4 @@
-"""`rayship logs tj/NAME`: a TrainingJob's output as its workload keeps it next to the checkpoints
+"""`rayship logs tj/NAME` (and `ms/NAME`, below): a TrainingJob's output as its workload keeps it next to the checkpoints
 (`<mount>/<namespace>.<name>/logs/attempt-<N>/<process>.log`, rayship_workloads.joblog), so that it
 outlives the Ray cluster.
 
@@ -7,14 +7,20 @@ in the job's Ray head while its cluster runs (`kubectl exec`'s API: follows the 
 in a short-lived reader pod that mounts the PVC read-only, is read with `kubectl logs`' API and
 deleted. The caller's kubeconfig and context are used, as kubectl's; they need pods get/list/create/
 delete, pods/exec and pods/log in the namespace, and get on trainingjobs.
+
+`rayship logs ms/NAME`: a ModelService's replica logs (each request, each error), which Serve writes
+to files in the Ray pod that runs the replica, read from each of its running worker pods while they
+run. They are not kept after (a service's pods come and go with its load).
 """
 
 from __future__ import annotations
 
 import shlex
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -22,6 +28,9 @@ from rayship import api
 from rayship.api import names
 from rayship.api.validation import SpecError, parse_trainingjob
 
+TRAININGJOB_REFS = ("tj", "trainingjob", "trainingjobs")
+MODELSERVICE_REFS = ("ms", "modelservice", "modelservices")
+SERVE_LOGS = "/tmp/ray/session_latest/logs/serve"  # where Serve writes each replica's log, per Ray pod
 READER_SECONDS = 180  # a reader pod that has not finished by then is named with why
 NOT_YET = 3  # the script's exit code when the job has written no logs (yet)
 
@@ -158,19 +167,22 @@ def _head_pod(core: Any, where: Target) -> str | None:
     return running[0] if running else None
 
 
-def _exec(core: Any, pod: str, where: Target, script: str) -> int:
+def _exec(
+    core: Any, pod: str, namespace: str, container: str, script: str, out: Callable[[str], None] | None = None
+) -> int:
+    """Run `script` in the pod's container; its stdout to `out` (default: ours, as it comes)."""
     from kubernetes.stream import stream
 
+    write = out or (lambda text: (sys.stdout.write(text), sys.stdout.flush()))
     resp = stream(
-        core.connect_get_namespaced_pod_exec, pod, where.namespace, container=names.HEAD_CONTAINER,
+        core.connect_get_namespaced_pod_exec, pod, namespace, container=container,
         command=["sh", "-c", script], stdout=True, stderr=True, stdin=False, tty=False, _preload_content=False,
     )  # fmt: skip
     try:
         while resp.is_open():
             resp.update(timeout=1)
             if resp.peek_stdout():
-                sys.stdout.write(resp.read_stdout())
-                sys.stdout.flush()
+                write(resp.read_stdout())
             if resp.peek_stderr():
                 sys.stderr.write(resp.read_stderr())
     finally:
@@ -227,15 +239,35 @@ def show(
     kubeconfig: str | None,
     context: str | None,
 ) -> int:
-    """Print the log `ref` (tj/NAME) names; the script's exit code (0: printed)."""
-    import kubernetes
+    """Print the logs `ref` (tj/NAME or ms/NAME) names; the exit code (0: printed)."""
     from kubernetes.client import ApiException
 
     kind, _, name = ref.partition("/")
-    if kind.lower() not in ("tj", "trainingjob", "trainingjobs") or not name:
-        raise LogsError(f"{ref}: name a TrainingJob as tj/NAME")
+    kind = kind.lower()
+    if kind not in (*TRAININGJOB_REFS, *MODELSERVICE_REFS) or not name:
+        raise LogsError(f"{ref}: name a TrainingJob as tj/NAME or a ModelService as ms/NAME")
     client, default_namespace = _clients(kubeconfig, context)
     namespace = namespace or default_namespace
+    try:
+        if kind in MODELSERVICE_REFS:
+            return _show_service(client, namespace, name, follow)
+        return _show_trainingjob(client, namespace, name, attempt, rank, follow, image)
+    except ApiException as err:
+        raise LogsError(f"{err.status} {err.reason}: {(err.body or '')[:300]}") from None
+
+
+def _show_trainingjob(
+    client: Any,
+    namespace: str,
+    name: str,
+    attempt: int | None,
+    rank: int | None,
+    follow: bool,
+    image: str | None,
+) -> int:
+    import kubernetes
+    from kubernetes.client import ApiException
+
     group, version, plural = api.TRAININGJOBS
     try:
         obj = kubernetes.client.CustomObjectsApi(client).get_namespaced_custom_object(
@@ -244,22 +276,77 @@ def show(
     except ApiException as err:
         if err.status == 404:
             raise LogsError(f"trainingjob {namespace}/{name} not found") from None
-        raise LogsError(f"reading trainingjob {namespace}/{name}: {err.status} {err.reason}") from None
+        raise
     where = target(cast(dict[str, Any], obj))
     script = reader_script(where.logs_dir, attempt, process_name(rank), follow)
     core = kubernetes.client.CoreV1Api(client)
-    try:
-        head = _head_pod(core, where)
-        if head is not None:  # the cluster runs: read (and follow) through its head
-            return _exec(core, head, where, script)
-        if follow:
-            print(
-                "rayship: the Ray cluster is gone: printing the log as kept (nothing more will come)",
-                file=sys.stderr,
-            )
-            script = reader_script(where.logs_dir, attempt, process_name(rank), False)
-        if not (image or where.image):
-            raise LogsError("the TrainingJob names no spec.image: name one for the reader pod with --image")
-        return _reader(core, where, script, image or str(where.image))
-    except ApiException as err:
-        raise LogsError(f"{err.status} {err.reason}: {(err.body or '')[:300]}") from None
+    head = _head_pod(core, where)
+    if head is not None:  # the cluster runs: read (and follow) through its head
+        return _exec(core, head, where.namespace, names.HEAD_CONTAINER, script)
+    if follow:
+        print(
+            "rayship: the Ray cluster is gone: printing the log as kept (nothing more will come)",
+            file=sys.stderr,
+        )
+        script = reader_script(where.logs_dir, attempt, process_name(rank), False)
+    if not (image or where.image):
+        raise LogsError("the TrainingJob names no spec.image: name one for the reader pod with --image")
+    return _reader(core, where, script, image or str(where.image))
+
+
+def serve_script(follow: bool, folder: str = SERVE_LOGS) -> str:
+    """Prints (or follows) the Serve replica logs of the Ray pod it runs in (none: says so, exit 0)."""
+    return "\n".join(
+        [
+            f"set -- {shlex.quote(folder)}/replica_*.log",
+            '[ -e "$1" ] || { echo "rayship: no Serve replica has run in this pod" >&2; exit 0; }',
+            f'exec tail -n +1 {"-F " if follow else ""}"$@"',
+        ]
+    )
+
+
+def _show_service(client: Any, namespace: str, name: str, follow: bool) -> int:
+    """A ModelService's replica logs, read from each of its running worker pods (Serve writes them
+    there, not to the container's output). Not kept after the pods go."""
+    import kubernetes
+
+    core: Any = kubernetes.client.CoreV1Api(client)
+    selector = f"{names.owner_label('ModelService')}={name},ray.io/node-type=worker"
+    pods = [
+        p.metadata.name
+        for p in core.list_namespaced_pod(namespace, label_selector=selector).items
+        if p.status.phase == "Running" and not p.metadata.deletion_timestamp
+    ]
+    if not pods:
+        raise LogsError(
+            f"no Ray worker pod of modelservice {namespace}/{name} runs: a ModelService's replica logs are "
+            "read while its pods run (they are not kept after)"
+        )
+    script = serve_script(follow)
+    if not follow:
+        codes = []
+        for pod in sorted(pods):
+            print(f"=== pod {pod}", flush=True)
+            codes.append(_exec(core, pod, namespace, names.WORKER_CONTAINER, script))
+        return max(codes)
+    # Following several pods at once: a thread each, whole lines, each prefixed with its pod.
+    lock = threading.Lock()
+
+    def follow_pod(pod: str) -> None:
+        pending = [""]
+
+        def out(text: str) -> None:
+            *lines, pending[0] = (pending[0] + text).split("\n")
+            with lock:
+                for line in lines:
+                    print(f"[{pod}] {line}", flush=True)
+
+        _exec(core, pod, namespace, names.WORKER_CONTAINER, script, out)
+
+    threads = [threading.Thread(target=follow_pod, args=(pod,), daemon=True) for pod in pods]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(timeout=1)  # wakes up for Ctrl-C
+    return 0

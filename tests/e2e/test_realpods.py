@@ -253,9 +253,11 @@ def test_ddp_trains_across_two_worker_pods_and_resumes_when_one_is_deleted(
     )
 
 
-def rayship_logs(cluster, kube: Kube, *args: str) -> subprocess.CompletedProcess[str]:
-    """`rayship logs tj/<the training job>` as a user runs it, with the cluster's kubeconfig."""
-    argv = [str(controlplane.VENV_BIN / "rayship"), "logs", f"tj/{TRAINING}", "-n", kube.namespace]
+def rayship_logs(
+    cluster, kube: Kube, *args: str, ref: str = f"tj/{TRAINING}"
+) -> subprocess.CompletedProcess[str]:
+    """`rayship logs tj/<the training job>` (or `ref`) as a user runs it, with the cluster's kubeconfig."""
+    argv = [str(controlplane.VENV_BIN / "rayship"), "logs", ref, "-n", kube.namespace]
     argv += ["--kubeconfig", str(cluster.kubeconfig), *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
 
@@ -319,6 +321,13 @@ def test_modelservice_serves_the_trained_model_through_the_api_servers_service_p
     flat = [y for row in served for y in row]
     assert flat == pytest.approx([y for row in expected for y in row], rel=1e-5, abs=1e-6), (served, expected)
     print(f"serving: Ready and predicting in {time.monotonic() - t0:.0f}s")
+    # `rayship logs ms/NAME`: the replica's own log, read from the worker pod that runs it, has the
+    # request just answered
+    replicas = rayship_logs(cluster, kube, ref=f"ms/{SERVING}")
+    assert replicas.returncode == 0, replicas.stderr
+    assert "=== pod " in replicas.stdout and f"POST {spec['routePrefix']}/predict 200" in replicas.stdout, (
+        replicas.stdout[-2000:]
+    )
 
 
 def test_a_retrained_model_rolls_out_in_place_while_requests_keep_succeeding(

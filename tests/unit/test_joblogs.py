@@ -103,9 +103,24 @@ def test_the_reader_pod_mounts_the_pvc_read_only_as_a_non_root_user() -> None:
     assert container["command"] == ["sh", "-c", "cat x"] and container["image"] == "img:1"
 
 
-def test_a_reference_that_is_not_a_trainingjob_is_one_line_and_exit_1(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    assert cli.main(["logs", "ms/mlp"]) == 1
+def test_a_reference_that_is_neither_kind_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["logs", "rayjob/mlp"]) == 1
     err = capsys.readouterr().err
-    assert err == "error: ms/mlp: name a TrainingJob as tj/NAME\n"
+    assert err == "error: rayjob/mlp: name a TrainingJob as tj/NAME or a ModelService as ms/NAME\n"
+
+
+def test_a_serve_pod_prints_each_replicas_log_or_says_it_has_none(tmp_path: Path) -> None:
+    def run(folder: Path) -> subprocess.CompletedProcess[str]:
+        script = joblogs.serve_script(False, str(folder))
+        return subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=False)
+
+    none = run(tmp_path)
+    assert (
+        none.returncode == 0 and none.stdout == "" and "no Serve replica has run in this pod" in none.stderr
+    )
+    (tmp_path / "replica_app_Model_a.log").write_text("POST /predict 200 3.1ms\n")
+    (tmp_path / "controller_1.log").write_text("not a replica\n")
+    assert run(tmp_path).stdout == "POST /predict 200 3.1ms\n"
+    (tmp_path / "replica_app_Model_b.log").write_text("POST /predict 413 0.4ms\n")
+    both = run(tmp_path).stdout
+    assert "==> " in both and "200 3.1ms" in both and "413 0.4ms" in both and "not a replica" not in both
