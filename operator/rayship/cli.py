@@ -89,8 +89,7 @@ def render_documents(docs: list[tuple[str, Any]], config: OperatorConfig) -> lis
 
             volume = obj.spec.storage.pvc if obj.spec.storage else None
             model = _offline_model(obj, label)
-            policy = modelservice.network_policy(obj, config)
-            objects.extend([policy] if policy else [])
+            objects.extend(modelservice.network_policy(obj, config))
             objects.append(modelservice.desired_rayservice(obj, config, model, volume))
     if errors:
         raise SpecError(errors)

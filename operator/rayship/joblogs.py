@@ -24,9 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
+import urllib3
+
 from rayship import api
 from rayship.api import names
 from rayship.api.validation import SpecError, parse_trainingjob
+from rayship.controller.conditions import pod_problem
 
 TRAININGJOB_REFS = ("tj", "trainingjob", "trainingjobs")
 MODELSERVICE_REFS = ("ms", "modelservice", "modelservices")
@@ -62,7 +65,7 @@ def target(trainingjob: dict[str, Any]) -> Target:
             "(object storage has no append); read the pods' logs while the Ray cluster runs"
         )
     namespace = tj.metadata.namespace or "default"
-    run = f"{namespace}.{tj.metadata.name}"  # rayship_workloads.train.run_name in a cluster
+    run = names.run_name(namespace, tj.metadata.name)  # as the workload names it (the same contract)
     return Target(
         namespace=namespace,
         name=tj.metadata.name,
@@ -158,13 +161,13 @@ def _clients(kubeconfig: str | None, context: str | None) -> tuple[Any, str]:
     return client, chosen["context"].get("namespace") or "default"
 
 
-def _head_pod(core: Any, where: Target) -> str | None:
-    selector = f"{names.owner_label('TrainingJob')}={where.name},ray.io/node-type=head"
-    pods = core.list_namespaced_pod(where.namespace, label_selector=selector).items
-    running = [
+def _running_pods(core: Any, namespace: str, kind: str, name: str, node_type: str) -> list[str]:
+    """The running Ray pods (`head` or `worker`) made for `kind/name`, by name."""
+    selector = f"{names.owner_label(kind)}={name},ray.io/node-type={node_type}"
+    pods = core.list_namespaced_pod(namespace, label_selector=selector).items
+    return sorted(
         p.metadata.name for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp
-    ]
-    return running[0] if running else None
+    )
 
 
 def _exec(
@@ -203,7 +206,9 @@ def _reader(core: Any, where: Target, script: str, image: str) -> int:
             if found.status.phase in ("Succeeded", "Failed"):
                 break
             if time.monotonic() > deadline:
-                raise LogsError(f"the reader pod {name} did not finish in {READER_SECONDS}s: {_why(found)}")
+                raise LogsError(
+                    f"the reader pod {name} did not finish in {READER_SECONDS}s: {_why(core, found)}"
+                )
             time.sleep(0.5)
         text = core.read_namespaced_pod_log(name, where.namespace, container="logs")
         (state,) = found.status.container_statuses or [None]
@@ -218,14 +223,10 @@ def _reader(core: Any, where: Target, script: str, image: str) -> int:
                 raise
 
 
-def _why(pod: Any) -> str:
-    for cond in pod.status.conditions or []:
-        if cond.status != "True" and cond.message:
-            return f"{cond.reason}: {cond.message}"
-    for status in pod.status.container_statuses or []:
-        if status.state.waiting:
-            return f"{status.state.waiting.reason}: {status.state.waiting.message or ''}".strip()
-    return f"phase {pod.status.phase}"
+def _why(core: Any, pod: Any) -> str:
+    """Why a pod has not finished: what the operator says of a Ray pod that cannot start, else its phase."""
+    found = pod_problem([core.api_client.sanitize_for_serialization(pod)])
+    return found[1] if found else f"it is {pod.status.phase}"
 
 
 def show(
@@ -254,6 +255,8 @@ def show(
         return _show_trainingjob(client, namespace, name, attempt, rank, follow, image)
     except ApiException as err:
         raise LogsError(f"{err.status} {err.reason}: {(err.body or '')[:300]}") from None
+    except urllib3.exceptions.HTTPError as err:  # refused, timed out, TLS: the server named in the kubeconfig
+        raise LogsError(f"cannot reach the API server ({client.configuration.host}): {err}") from None
 
 
 def _show_trainingjob(
@@ -280,9 +283,9 @@ def _show_trainingjob(
     where = target(cast(dict[str, Any], obj))
     script = reader_script(where.logs_dir, attempt, process_name(rank), follow)
     core = kubernetes.client.CoreV1Api(client)
-    head = _head_pod(core, where)
-    if head is not None:  # the cluster runs: read (and follow) through its head
-        return _exec(core, head, where.namespace, names.HEAD_CONTAINER, script)
+    heads = _running_pods(core, where.namespace, "TrainingJob", where.name, "head")
+    if heads:  # the cluster runs: read (and follow) through its head
+        return _exec(core, heads[0], where.namespace, names.HEAD_CONTAINER, script)
     if follow:
         print(
             "rayship: the Ray cluster is gone: printing the log as kept (nothing more will come)",
@@ -310,13 +313,8 @@ def _show_service(client: Any, namespace: str, name: str, follow: bool) -> int:
     there, not to the container's output). Not kept after the pods go."""
     import kubernetes
 
-    core: Any = kubernetes.client.CoreV1Api(client)
-    selector = f"{names.owner_label('ModelService')}={name},ray.io/node-type=worker"
-    pods = [
-        p.metadata.name
-        for p in core.list_namespaced_pod(namespace, label_selector=selector).items
-        if p.status.phase == "Running" and not p.metadata.deletion_timestamp
-    ]
+    core = kubernetes.client.CoreV1Api(client)
+    pods = _running_pods(core, namespace, "ModelService", name, "worker")
     if not pods:
         raise LogsError(
             f"no Ray worker pod of modelservice {namespace}/{name} runs: a ModelService's replica logs are "
@@ -325,7 +323,7 @@ def _show_service(client: Any, namespace: str, name: str, follow: bool) -> int:
     script = serve_script(follow)
     if not follow:
         codes = []
-        for pod in sorted(pods):
+        for pod in pods:
             print(f"=== pod {pod}", flush=True)
             codes.append(_exec(core, pod, namespace, names.WORKER_CONTAINER, script))
         return max(codes)

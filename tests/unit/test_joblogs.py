@@ -124,3 +124,30 @@ def test_a_serve_pod_prints_each_replicas_log_or_says_it_has_none(tmp_path: Path
     (tmp_path / "replica_app_Model_b.log").write_text("POST /predict 413 0.4ms\n")
     both = run(tmp_path).stdout
     assert "==> " in both and "200 3.1ms" in both and "413 0.4ms" in both and "not a replica" not in both
+
+
+def test_a_kubeconfig_that_is_missing_or_names_no_server_that_answers_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["logs", "tj/mlp", "--kubeconfig", str(tmp_path / "none")]) == 1
+    assert capsys.readouterr().err.startswith("error: kubeconfig: ")
+    config = tmp_path / "kubeconfig"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],  # nothing listens
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "ctx",
+            }
+        )
+    )
+    assert cli.main(["logs", "tj/mlp", "--kubeconfig", str(config), "--context", "other"]) == 1
+    assert capsys.readouterr().err == "error: --context other: no such context in the kubeconfig\n"
+    assert cli.main(["logs", "tj/mlp", "--kubeconfig", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("error: cannot reach the API server (https://127.0.0.1:1): ") and err.count("\n") == 1
+    )

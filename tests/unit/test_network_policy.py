@@ -94,8 +94,8 @@ def serve_rule(policy: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_modelservices_serve_port_is_open_to_anyone_or_to_what_serve_from_names() -> None:
-    policy = modelservice.network_policy(parse(service()), CONFIG)
-    assert policy is not None and "from" not in serve_rule(policy)
+    (policy,) = modelservice.network_policy(parse(service()), CONFIG)
+    assert "from" not in serve_rule(policy)
     peers = [
         {"podSelector": {"matchLabels": {"app": "gateway"}}},
         {
@@ -104,8 +104,8 @@ def test_a_modelservices_serve_port_is_open_to_anyone_or_to_what_serve_from_name
         },
         {"ipBlock": {"cidr": "192.168.0.0/16", "except": ["192.168.1.0/24"]}},
     ]
-    policy = modelservice.network_policy(parse(service(serveFrom=peers)), CONFIG)
-    assert policy is not None and serve_rule(policy)["from"] == peers
+    (policy,) = modelservice.network_policy(parse(service(serveFrom=peers)), CONFIG)
+    assert serve_rule(policy)["from"] == peers
     rayservice = modelservice.desired_rayservice(parse(service(serveFrom=peers)), CONFIG, "s3://m/v1")
     assert all(selects(policy, t) for t in pod_templates(rayservice["spec"]["rayClusterConfig"]))
 
@@ -156,7 +156,7 @@ def test_a_trainingjob_and_the_modelservice_of_the_same_name_get_a_policy_each()
     doc = load(SAMPLES / "trainingjob-ddp.yaml")
     doc["metadata"]["name"] = "mlp"
     (job_policy,) = by_kind(trainingjob.render_trainingjob(parse(doc), CONFIG), "NetworkPolicy")
-    service_policy = modelservice.network_policy(parse(service()), CONFIG)
-    assert service_policy is not None and load()["metadata"]["name"] == "mlp"
+    (service_policy,) = modelservice.network_policy(parse(service()), CONFIG)
+    assert load()["metadata"]["name"] == "mlp"
     assert job_policy["metadata"]["name"] == "mlp-trainingjob-ray-pods"
     assert service_policy["metadata"]["name"] == "mlp-modelservice-ray-pods"

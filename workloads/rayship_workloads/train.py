@@ -106,8 +106,7 @@ class Prepared:
 
 def run_name(tj: api.TrainingJob) -> str:
     """Stable per TrainingJob: a retry (new process, same storage) finds its checkpoints again."""
-    meta = tj.metadata
-    return f"{meta.namespace}.{meta.name}" if meta.namespace else meta.name
+    return names.run_name(tj.metadata.namespace, tj.metadata.name)
 
 
 def prepare(tj: api.TrainingJob, *, storage_root: str, name: str | None = None) -> Prepared:

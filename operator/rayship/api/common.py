@@ -229,17 +229,28 @@ GpuProduct = Annotated[
         description="Required GPU model (value of the node label nvidia.com/gpu.product).",
     ),
 ]
-NodeSelector = Annotated[
+LabelValues = Annotated[
     dict[str, Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]],
-    Field(default_factory=dict, max_length=64, description="Extra node labels the worker pods must match."),
+    Field(max_length=64, description="Labels that must all match (keys are label keys)."),
 ]
-# On every object with a nodeSelector: its keys must be label keys (values are checked by pattern).
-NODE_SELECTOR_KEYS = CelRule(
-    "!has(self.nodeSelector) || self.nodeSelector.all(k, k.size() <= 316 && k.matches('"
-    + QUALIFIED_NAME_PATTERN.replace("\\", "\\\\")  # a CEL string literal: backslashes escaped
-    + "'))",
-    "nodeSelector keys must be label keys: [prefix/]name, name at most 63 letters, digits, '-', '_', '.'",
-)
+
+
+def label_keys_rule(field: str) -> CelRule:
+    """On an object with the label map `field`: its keys must be label keys (values are checked by
+    pattern)."""
+    return CelRule(
+        f"!has(self.{field}) || self.{field}.all(k, k.size() <= 316 && k.matches('"
+        + QUALIFIED_NAME_PATTERN.replace("\\", "\\\\")  # a CEL string literal: backslashes escaped
+        + "'))",
+        f"{field} keys must be label keys: [prefix/]name, name at most 63 letters, digits, '-', '_', '.'",
+    )
+
+
+NodeSelector = Annotated[
+    LabelValues,
+    Field(default_factory=dict, description="Extra node labels the worker pods must match."),
+]
+NODE_SELECTOR_KEYS = label_keys_rule("nodeSelector")
 
 
 def cpu_rule(field: str) -> CelRule:
@@ -262,26 +273,11 @@ Tolerations = Annotated[
 ]
 
 
-LabelValues = Annotated[
-    dict[str, Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]],
-    Field(max_length=64, description="Labels that must all match (keys are label keys)."),
-]
-
-
-def _label_keys_rule(field: str) -> CelRule:
-    return CelRule(
-        f"!has(self.{field}) || self.{field}.all(k, k.size() <= 316 && k.matches('"
-        + QUALIFIED_NAME_PATTERN.replace("\\", "\\\\")
-        + "'))",
-        f"{field} keys must be label keys: [prefix/]name, name at most 63 letters, digits, '-', '_', '.'",
-    )
-
-
 class LabelSelector(ApiModel):
     """Pods or namespaces by their labels (a metav1.LabelSelector with matchLabels only); `{}` selects
     all."""
 
-    cel_rules: ClassVar = (_label_keys_rule("matchLabels"),)
+    cel_rules: ClassVar = (label_keys_rule("matchLabels"),)
     match_labels: LabelValues = Field(default_factory=dict, description="Labels that must all match.")
 
 

@@ -161,6 +161,12 @@ LOG_ROTATE_BYTES = 16 * 1024 * 1024
 LOG_BACKUPS = 4  # rotated files kept per process: at most (1 + 4) x 16 MiB
 
 
+def run_name(namespace: str | None, name: str) -> str:
+    """A TrainingJob's folder in its checkpoint storage: stable, so a retry (a new process, the same
+    storage) finds its checkpoints and logs again."""
+    return f"{namespace}.{name}" if namespace else name
+
+
 def attempt_dir(attempt: int) -> str:
     return f"attempt-{attempt}"
 

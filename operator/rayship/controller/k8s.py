@@ -153,8 +153,8 @@ def create(resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
 
 def ensure(body: Mapping[str, Any], owner: Mapping[str, Any]) -> None:
     """Create a core/RBAC/networking object (ServiceAccount, RoleBinding, Secret, NetworkPolicy) owned by
-    `owner`, unless `owner` already owns one of that name (a NetworkPolicy's spec is then brought to
-    `body`'s). One that exists and is not `owner`'s is never used: `Busy` if it
+    `owner`, unless `owner` already owns one of that name (one with a spec, a NetworkPolicy, then has
+    it brought to `body`'s). One that exists and is not `owner`'s is never used: `Busy` if it
     belongs to an earlier namesake being garbage-collected, `Rejected` otherwise."""
     try:
         kubernetes.utils.create_from_dict(_client(), dict(body), _request_timeout=TIMEOUT)
@@ -170,20 +170,18 @@ def ensure(body: Mapping[str, Any], owner: Mapping[str, Any]) -> None:
         # the name is derived from its key (serve_probe.token_secret_name), so nobody else can have made
         # it first, and it holds the same derived token.
         return
-    existing = _read_core(body)
+    read, patch = _core_api(body["kind"])
+    meta = body["metadata"]
+    existing = cast(dict[str, Any], _client().sanitize_for_serialization(
+        read(meta["name"], meta["namespace"], _request_timeout=TIMEOUT)
+    ))  # fmt: skip
     how = ownership(existing, owner)
     if how == "owned":
-        if body["kind"] == "NetworkPolicy" and existing.get("spec") != body["spec"]:
-            # A ModelService's spec.serveFrom, or the chart's policy settings, changed: the whole spec
-            # replaced (a merge patch would keep peers and rules that were removed).
-            networking = kubernetes.client.NetworkingV1Api(_client())
-            meta = body["metadata"]
-            networking.patch_namespaced_network_policy(
-                meta["name"],
-                meta["namespace"],
-                [{"op": "replace", "path": "/spec", "value": body["spec"]}],
-                _request_timeout=TIMEOUT,
-            )
+        if "spec" in body and existing.get("spec") != body["spec"]:
+            # What it should be changed since it was made (a NetworkPolicy: a ModelService's serveFrom,
+            # the chart's settings): the whole spec replaced (a merge patch keeps removed rules).
+            replace = [{"op": "replace", "path": "/spec", "value": body["spec"]}]
+            patch(meta["name"], meta["namespace"], replace, _request_timeout=TIMEOUT)
         return
     message = describe_foreign(existing, str(body["kind"]), how)
     if how == "previous":
@@ -191,18 +189,20 @@ def ensure(body: Mapping[str, Any], owner: Mapping[str, Any]) -> None:
     raise Rejected("Failed", "WorkloadIdentityTaken", message)
 
 
-def _read_core(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The stored ServiceAccount / RoleBinding / NetworkPolicy of `body`'s name (for its ownerReferences)."""
+def _core_api(kind: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(read, patch) of the namespaced objects `ensure` makes (a Secret is never read; only an object
+    with a spec is ever patched, and RBAC grants patch only for those)."""
     core = kubernetes.client.CoreV1Api(_client())
     rbac = kubernetes.client.RbacAuthorizationV1Api(_client())
-    readers: dict[str, Callable[..., Any]] = {
-        "ServiceAccount": core.read_namespaced_service_account,
-        "RoleBinding": rbac.read_namespaced_role_binding,
-        "NetworkPolicy": kubernetes.client.NetworkingV1Api(_client()).read_namespaced_network_policy,
-    }
-    meta = body["metadata"]
-    found = readers[body["kind"]](meta["name"], meta["namespace"], _request_timeout=TIMEOUT)
-    return cast(dict[str, Any], _client().sanitize_for_serialization(found))
+    networking = kubernetes.client.NetworkingV1Api(_client())
+    return {
+        "ServiceAccount": (core.read_namespaced_service_account, core.patch_namespaced_service_account),
+        "RoleBinding": (rbac.read_namespaced_role_binding, rbac.patch_namespaced_role_binding),
+        "NetworkPolicy": (
+            networking.read_namespaced_network_policy,
+            networking.patch_namespaced_network_policy,
+        ),
+    }[kind]
 
 
 def token_key(namespace: str) -> str:

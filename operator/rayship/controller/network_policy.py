@@ -48,11 +48,12 @@ def build_network_policy(
     kind: str,
     child: str,
     serve_from: list[api.NetworkPeer] | None = None,
-) -> dict[str, Any] | None:
-    """The NetworkPolicy of the Ray pods of `kind/meta.name` (whose RayJob or RayService is `child`);
-    `serve_from` is a ModelService's (None: no Serve port). None when the config turns policies off."""
+) -> list[dict[str, Any]]:
+    """The NetworkPolicy of the Ray pods of `kind/meta.name` (whose RayJob or RayService is `child`):
+    one, or none when the config turns policies off. `serve_from` is a ModelService's (None: no Serve
+    port)."""
     if not config.network_policy:
-        return None
+        return []
 
     def own() -> dict[str, Any]:  # a new dict each time: a YAML dump would otherwise alias them
         return {"matchLabels": {names.owner_label(kind): meta.name}}
@@ -67,7 +68,7 @@ def build_network_policy(
             serve["from"] = [peer.wire() for peer in serve_from]
         ingress.append(serve)
     ingress.extend(config.network_policy_extra_ingress)
-    return {
+    policy = {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": pods.object_meta(
@@ -75,3 +76,4 @@ def build_network_policy(
         ),
         "spec": {"podSelector": own(), "policyTypes": ["Ingress"], "ingress": ingress},
     }
+    return [policy]

@@ -80,7 +80,7 @@ def plan(
         return Plan(
             name,
             create=desired,
-            prerequisites=(token_secret(ms, config), *_policy(ms, config)),
+            prerequisites=(token_secret(ms, config), *network_policy(ms, config)),
             on_create=created,
             context=context,
         )
@@ -120,7 +120,7 @@ def _update(
         prerequisites += (token_secret(ms, config),)
     if policy_changed:  # made, or brought to the spec (k8s.ensure), before the patch records it
         annotations[names.ANNOTATION_NETWORK_POLICY] = wanted_policy
-        prerequisites += _policy(ms, config)
+        prerequisites += tuple(network_policy(ms, config))
     if spec:
         what = "new cluster config" if new_cluster else ("new models" if multi else "new model")
         what += "" if new_cluster else " (in-place Serve rollout)"
@@ -134,8 +134,3 @@ def _update(
         on_patch=event,
         context=context,
     )
-
-
-def _policy(ms: api.ModelService, config: OperatorConfig) -> tuple[dict[str, Any], ...]:
-    policy = network_policy(ms, config)
-    return (policy,) if policy else ()

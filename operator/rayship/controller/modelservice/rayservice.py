@@ -122,13 +122,17 @@ def service_url(ms: api.ModelService) -> str:
     """Where the service answers inside the cluster (KubeRay's `<rayservice>-serve-svc`, port 8000)."""
     namespace = ms.metadata.namespace or "default"
     prefix = "" if ms.spec.route_prefix == "/" else ms.spec.route_prefix
-    return f"http://{names.rayservice_name(ms.metadata.name)}-serve-svc.{namespace}.svc:8000{prefix}"
+    rayservice = names.rayservice_name(ms.metadata.name)
+    return f"http://{rayservice}-serve-svc.{namespace}.svc:{names.SERVE_PORT_NUMBER}{prefix}"
 
 
 def cluster_hash(rayservice_spec: Mapping[str, Any]) -> str:
     """Hash of what needs a new cluster when it changes (everything but serveConfigV2)."""
-    relevant = {k: v for k, v in rayservice_spec.items() if k != "serveConfigV2"}
-    return hashlib.sha256(canonical_json(relevant).encode()).hexdigest()[:16]
+    return _digest({k: v for k, v in rayservice_spec.items() if k != "serveConfigV2"})
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:16]
 
 
 def model_annotation(model: Model) -> tuple[str, str]:
@@ -146,14 +150,15 @@ def describe(model: Model | None) -> str:
     return ", ".join(f"{name}={uri}" for name, uri in sorted(model.items())) or "no model"
 
 
-def network_policy(ms: api.ModelService, config: OperatorConfig) -> dict[str, Any] | None:
+def network_policy(ms: api.ModelService, config: OperatorConfig) -> list[dict[str, Any]]:
     """The NetworkPolicy of the service's Ray pods (every cluster it has, during an upgrade too)."""
     rayservice = names.rayservice_name(ms.metadata.name)
     return build_network_policy(config, ms.metadata, "ModelService", rayservice, ms.spec.serve_from)
 
 
-def network_policy_hash(policy: Mapping[str, Any] | None) -> str:
-    return hashlib.sha256(canonical_json(policy["spec"]).encode()).hexdigest()[:16] if policy else "off"
+def network_policy_hash(policies: list[dict[str, Any]]) -> str:
+    """What the RayService records of its policy: a digest of its spec, "off" for none."""
+    return _digest(policies[0]["spec"]) if policies else "off"
 
 
 def desired_rayservice(

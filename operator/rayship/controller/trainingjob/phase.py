@@ -247,11 +247,9 @@ def last_error(
     if found is None:
         return dict(stored) if isinstance(stored, Mapping) else None
     source, message = found[0], truncate(found[1], 1024)
-    if isinstance(stored, Mapping) and [stored.get(k) for k in ("source", "message", "attempt")] == [
-        source,
-        message,
-        attempt,
-    ]:
+    if isinstance(stored, Mapping) and tuple(map(stored.get, ("source", "message", "attempt"))) == (
+        source, message, attempt,
+    ):  # fmt: skip
         return dict(stored)
     entry: dict[str, Any] = {"message": message, "source": source, "time": rfc3339(now)}
     if attempt is not None:

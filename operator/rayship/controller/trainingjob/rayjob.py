@@ -309,7 +309,7 @@ def build_workload_rbac(tj: api.TrainingJob) -> list[dict[str, Any]]:
 def render_trainingjob(tj: api.TrainingJob, config: OperatorConfig) -> list[dict[str, Any]]:
     """Every object the operator creates for a TrainingJob, in creation order."""
     policy = build_network_policy(config, tj.metadata, "TrainingJob", names.rayjob_name(tj.metadata.name))
-    return [*build_workload_rbac(tj), *([policy] if policy else []), *_build(tj, config)]
+    return [*build_workload_rbac(tj), *policy, *_build(tj, config)]
 
 
 def total_gpus(tj: api.TrainingJob) -> int:
