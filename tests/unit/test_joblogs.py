@@ -3,6 +3,7 @@ run here with a real `sh` on files the workload's own writer made (rayship_workl
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -127,8 +128,11 @@ def test_a_serve_pod_prints_each_replicas_log_or_says_it_has_none(tmp_path: Path
 
 
 def test_a_kubeconfig_that_is_missing_or_names_no_server_that_answers_is_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # As in a fresh `rayship` process: no root logging handler. An earlier test in the same process
+    # may leave one on a stream since closed, which turned urllib3's retry warnings into "Logging error".
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
     assert cli.main(["logs", "tj/mlp", "--kubeconfig", str(tmp_path / "none")]) == 1
     assert capsys.readouterr().err.startswith("error: kubeconfig: ")
     config = tmp_path / "kubeconfig"
