@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +38,24 @@ def crash_once(config: dict[str, Any]) -> None:
             and ray.train.get_context().get_world_rank() == 1
             and not marker.exists()
         ):
+            wait_registered(f"epoch-{epoch:05d}")
             marker.write_text("crashed")
             raise RuntimeError("injected worker failure")
 
     recipes.mlp_loop(config, on_epoch_end=maybe_crash)
+
+
+def wait_registered(checkpoint: str, timeout: float = 60.0) -> None:
+    """Until Ray Train's controller has registered `checkpoint` (its run snapshot names it). A worker
+    that dies right after `report()` can beat the other ranks' reports to the controller: that
+    checkpoint is then never registered, and the retry rightly resumes from the one before. The test
+    wants the crash after the registration, so its expected epoch is exact."""
+    snapshot = Path(ray.train.get_context().get_storage().checkpoint_manager_snapshot_path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if snapshot.exists() and checkpoint in snapshot.read_text():
+            return
+        time.sleep(0.1)
 
 
 def as_written(config: dict[str, Any]) -> None:

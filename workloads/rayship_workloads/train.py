@@ -356,7 +356,10 @@ def fit(
                     f"{line}; not retried: it was raised before a new checkpoint was written, so a retry "
                     "would run the same code from the same state (fix it and run again)"
                 ) from None
-            say(f"{line}; retrying from {'checkpoint ' + after if after else 'the start'}")
+            # Not `after` by name: a checkpoint some ranks wrote just before another died is on the
+            # storage but never registered; the retry resumes from the latest one Ray Train did
+            # register, and its workers say which epoch that is.
+            say(f"{line}; retrying from {'the latest complete checkpoint' if after else 'the start'}")
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
