@@ -107,3 +107,8 @@ def trainingjob_validator() -> StrictValidator:
 @pytest.fixture(scope="session")
 def modelservice_validator() -> StrictValidator:
     return _rayship_validator("modelservices")
+
+
+@pytest.fixture(scope="session")
+def trainingschedule_validator() -> StrictValidator:
+    return _rayship_validator("trainingschedules")

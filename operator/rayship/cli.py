@@ -15,6 +15,7 @@ import json
 import re
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ import yaml
 
 from rayship import __version__, api
 from rayship.api import yamlio
-from rayship.api.validation import SpecError, parse
+from rayship.api.validation import SpecError, parse, parse_trainingjob
 from rayship.config import ConfigError, OperatorConfig, from_environment
 from rayship.controller import trainingjob
 
@@ -91,9 +92,32 @@ def render_documents(docs: list[tuple[str, Any]], config: OperatorConfig) -> lis
             model = _offline_model(obj, label)
             objects.extend(modelservice.network_policy(obj, config))
             objects.append(modelservice.desired_rayservice(obj, config, model, volume))
+        elif isinstance(obj, api.TrainingSchedule):
+            objects.extend(_next_run(obj, doc, label, config))
     if errors:
         raise SpecError(errors)
     return objects
+
+
+def _next_run(ts: api.TrainingSchedule, doc: Any, label: str, config: OperatorConfig) -> list[dict[str, Any]]:
+    """The TrainingJob a schedule's next run would be (its data's placeholders filled in for that
+    time), and the objects it renders to."""
+    from rayship.controller import trainingschedule
+
+    now = datetime.now(UTC)
+    due = trainingschedule.next_after(ts.spec.schedule, ts.spec.time_zone, now)
+    if due is None:
+        raise SpecError(
+            [f"{label}: spec.schedule: {ts.spec.schedule!r} has no time due in the next five years"]
+        )
+    run = trainingschedule.build_run(ts, {"metadata": ts.metadata.model_dump()}, due)
+    del run["metadata"]["ownerReferences"]  # the schedule's uid is the API server's to give
+    print(
+        f"note: {label}: the next run of TrainingSchedule {ts.metadata.name}, due at {due:%Y-%m-%dT%H:%M:%SZ}: "
+        "the operator makes one TrainingJob per time due",
+        file=sys.stderr,
+    )
+    return [run, *trainingjob.render_trainingjob(parse_trainingjob(run), config)]
 
 
 def _offline_model(ms: api.ModelService, label: str) -> modelservice.Model:
@@ -108,9 +132,19 @@ def _offline_model(ms: api.ModelService, label: str) -> modelservice.Model:
         if source.uri:
             out[name] = source.uri
             continue
+        where = "model" if name == modelservice.ONE else f"models.{name}"
+        if (schedule := source.from_training_schedule) is not None:
+            print(
+                f"note: {label}: {where}.fromTrainingSchedule is resolved by the operator to the run TrainingSchedule "
+                f"{schedule.name} promoted last; the RayService below shows a stand-in model URI",
+                file=sys.stderr,
+            )
+            out[name] = (
+                f"trainingschedule://{ms.metadata.namespace or 'default'}/{schedule.name}/{schedule.checkpoint}"
+            )
+            continue
         ref = source.from_training_job
         assert ref is not None
-        where = "model" if name == modelservice.ONE else f"models.{name}"
         print(
             f"note: {label}: {where}.fromTrainingJob is resolved by the operator once TrainingJob {ref.name} "
             "succeeds; the RayService below shows a stand-in model URI",

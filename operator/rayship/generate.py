@@ -157,7 +157,7 @@ CHART = Path("charts") / "rayship"
 def chart_readme() -> str:
     return f"""# rayship Helm chart
 
-Installs the rayship operator (kopf) and the TrainingJob / ModelService CRDs. Needs the KubeRay
+Installs the rayship operator (kopf) and the TrainingJob / ModelService / TrainingSchedule CRDs. Needs the KubeRay
 operator v1.7 in the cluster (`helm install kuberay-operator kuberay/kuberay-operator --version 1.7.0`).
 
 ```bash

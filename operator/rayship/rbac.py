@@ -25,6 +25,11 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "resources": [f"{plural}/status" for plural in _OURS],
         "verbs": ["get", "patch"],
     },
+    {  # each TrainingSchedule's runs: made at their times, deleted beyond the history limits
+        "apiGroups": [api.GROUP],
+        "resources": [api.TRAININGJOBS[2]],
+        "verbs": ["create", "delete"],
+    },
     {  # the KubeRay objects the operator owns
         "apiGroups": [api.KUBERAY_GROUP],
         "resources": _KUBERAY,

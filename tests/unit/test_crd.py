@@ -116,9 +116,15 @@ def test_cel_rules_are_in_the_crd(crd) -> None:
 
 
 @pytest.mark.parametrize("path", GOOD, ids=lambda p: p.stem)
-def test_crd_and_models_accept_the_samples(path: Path, trainingjob_validator, modelservice_validator) -> None:
+def test_crd_and_models_accept_the_samples(
+    path: Path, trainingjob_validator, modelservice_validator, trainingschedule_validator
+) -> None:
     doc = yaml.safe_load(path.read_text())
-    validator = trainingjob_validator if doc["kind"] == "TrainingJob" else modelservice_validator
+    validator = {
+        "TrainingJob": trainingjob_validator,
+        "ModelService": modelservice_validator,
+        "TrainingSchedule": trainingschedule_validator,
+    }[doc["kind"]]
     assert validator.errors(doc) == []
     parse(doc)
 

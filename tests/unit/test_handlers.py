@@ -393,8 +393,8 @@ def test_an_event_after_the_operator_stopped_is_said_in_the_log_not_raised(
     owner = kopf.Body(cast(kopf.RawBody, {"metadata": {"name": "tj", "namespace": "ns"}}))
     monkeypatch.setattr(kopf, "event", closed)
     with caplog.at_level("INFO", logger="rayship"):
-        loop._post(owner, Event("Normal", "RayJobCreated", "created"))
+        loop.post(owner, Event("Normal", "RayJobCreated", "created"))
     assert "Event RayJobCreated of tj not posted" in caplog.text
     monkeypatch.setattr(kopf, "event", broken)
     with pytest.raises(RuntimeError, match="something else"):
-        loop._post(owner, Event("Normal", "RayJobCreated", "created"))
+        loop.post(owner, Event("Normal", "RayJobCreated", "created"))

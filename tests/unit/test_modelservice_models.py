@@ -158,7 +158,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     (
         "both-sources",
         {"models": {"a": {"uri": "s3://m", "fromTrainingJob": {"name": "x"}}}},
-        "set exactly one of fromTrainingJob or uri",
+        "set exactly one of fromTrainingJob, fromTrainingSchedule or uri",
     ),
     (
         "cache-without-models",

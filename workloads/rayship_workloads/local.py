@@ -411,8 +411,13 @@ def resolve_source(source: api.ModelSource, field: str, *, runs_dir: Path = RUNS
     in errors (spec.model, spec.models.<name>)."""
     if source.uri:
         return source.uri
+    if source.from_training_schedule is not None:
+        raise FileNotFoundError(
+            f"{field}.fromTrainingSchedule: a TrainingSchedule's promoted run exists only in a cluster; on this "
+            "machine serve a run's model with fromTrainingJob (after `rayship run`) or uri"
+        )
     ref = source.from_training_job
-    if ref is None:  # the API requires exactly one of uri and fromTrainingJob
+    if ref is None:  # the API requires exactly one of uri, fromTrainingJob and fromTrainingSchedule
         raise FileNotFoundError(f"{field}: set uri or fromTrainingJob")
     result_file = (runs_dir / ref.name / "result.json").resolve()
     if not result_file.is_file():

@@ -79,6 +79,7 @@ from rayship.api.modelservice import (
     DeploymentAutoscaling,
     DeploymentSettings,
     FromTrainingJob,
+    FromTrainingSchedule,
     ModelService,
     ModelServiceConditionType,
     ModelServiceSpec,
@@ -135,6 +136,22 @@ from rayship.api.trainingjob import (
     ValidationDataSpec,
     WorkersSpec,
 )
+from rayship.api.trainingschedule import (
+    CRON_MACROS,
+    MAX_SCHEDULE_NAME,
+    PLACEHOLDERS,
+    SCHEDULE_PATTERN,
+    TRAINING_SCHEDULE,
+    GateResult,
+    JobTemplate,
+    JobTemplateMeta,
+    PromotedRun,
+    PromotionGate,
+    TrainingSchedule,
+    TrainingScheduleSpec,
+    TrainingScheduleStatus,
+    time_zones,
+)
 from rayship.api.tuning import (
     TUNABLE_FIELDS,
     AshaSpec,
@@ -145,8 +162,9 @@ from rayship.api.tuning import (
 
 TRAININGJOBS: Resource = TRAINING_JOB.resource
 MODELSERVICES: Resource = MODEL_SERVICE.resource
+TRAININGSCHEDULES: Resource = TRAINING_SCHEDULE.resource
 
-KINDS: tuple[Kind, ...] = (TRAINING_JOB, MODEL_SERVICE)
+KINDS: tuple[Kind, ...] = (TRAINING_JOB, MODEL_SERVICE, TRAINING_SCHEDULE)
 KIND_BY_NAME: dict[str, Kind] = {k.kind: k for k in KINDS}
 
 __all__ = [
@@ -242,6 +260,7 @@ __all__ = [
     "TRAINING_JOB",
     "ROUTE_PREFIX_PATTERN",
     "FromTrainingJob",
+    "FromTrainingSchedule",
     "ModelSource",
     "ServeReplicas",
     "ServeResources",
@@ -272,6 +291,21 @@ __all__ = [
     "MODEL_SERVICE",
     "TRAININGJOBS",
     "MODELSERVICES",
+    "TRAININGSCHEDULES",
+    "CRON_MACROS",
+    "MAX_SCHEDULE_NAME",
+    "PLACEHOLDERS",
+    "SCHEDULE_PATTERN",
+    "TRAINING_SCHEDULE",
+    "GateResult",
+    "JobTemplate",
+    "JobTemplateMeta",
+    "PromotedRun",
+    "PromotionGate",
+    "TrainingSchedule",
+    "TrainingScheduleSpec",
+    "TrainingScheduleStatus",
+    "time_zones",
     "KINDS",
     "KIND_BY_NAME",
 ]

@@ -45,17 +45,32 @@ class FromTrainingJob(ApiModel):
     )
 
 
+class FromTrainingSchedule(ApiModel):
+    """Serve the model of the run a TrainingSchedule (same namespace) promoted last; a newer promoted
+    run rolls out as a new model does."""
+
+    name: str = Field(..., pattern=DNS1123_LABEL_PATTERN, max_length=63, description="TrainingSchedule name.")
+    checkpoint: Literal["latest", "best"] = Field(
+        "latest", description="latest: the run's final model; best: the model of its best checkpoint by loss."
+    )
+
+
 class ModelSource(ApiModel):
-    """Where the model comes from: a TrainingJob, or an exported model's URI."""
+    """Where the model comes from: a TrainingJob, a TrainingSchedule's promoted run, or an exported
+    model's URI."""
 
     cel_rules: ClassVar = (
         no_credentials_rule("uri", "model.uri"),
         CelRule(
-            "has(self.fromTrainingJob) != has(self.uri)",
-            "set exactly one of fromTrainingJob or uri (in spec.model, or in each entry of spec.models)",
+            "[has(self.fromTrainingJob), has(self.fromTrainingSchedule), has(self.uri)].filter(x, x).size() == 1",
+            "set exactly one of fromTrainingJob, fromTrainingSchedule or uri (in spec.model, or in each entry "
+            "of spec.models)",
         ),
     )
     from_training_job: FromTrainingJob | None = Field(None, description="A TrainingJob's exported model.")
+    from_training_schedule: FromTrainingSchedule | None = Field(
+        None, description="The exported model of the run a TrainingSchedule promoted last."
+    )
     uri: str | None = Field(
         None,
         min_length=1,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from datetime import datetime
 
 from rayship import api
 
@@ -17,6 +18,9 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_TRAININGJOB = f"{api.GROUP}/trainingjob"
 LABEL_MODELSERVICE = f"{api.GROUP}/modelservice"
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+# On each run (TrainingJob) of a TrainingSchedule: the schedule's name, and the time it was due for.
+LABEL_TRAININGSCHEDULE = f"{api.GROUP}/trainingschedule"
+ANNOTATION_SCHEDULED_TIME = f"{api.GROUP}/scheduled-time"
 
 # On a RayJob: the TrainingJob spec it was rendered from (canonical JSON), to tell edits apart.
 ANNOTATION_SPEC = f"{api.GROUP}/applied-spec"
@@ -64,6 +68,12 @@ def dns1035_name(name: str, max_length: int) -> str:
     stem = re.sub(r"[^-a-z0-9]", "-", name.lower())
     stem = re.sub(r"^[^a-z]+", "", stem)[: max_length - len(digest) - 1].strip("-")
     return f"{stem}-{digest}" if stem else f"r{digest}"
+
+
+def schedule_run_name(schedule: str, due: datetime) -> str:
+    """A TrainingSchedule's run due at `due`: `<schedule>-<minutes since 1970>` (CronJob's rule, so a
+    run made twice for one time is one object)."""
+    return f"{schedule}-{int(due.timestamp()) // 60}"
 
 
 def rayjob_name(trainingjob_name: str) -> str:

@@ -24,6 +24,8 @@ PATTERN_HINTS = {
     api.RAY_VERSION_PATTERN: "a Ray version of at least 2.52.0 (token auth), such as 2.60.0",
     r"^(s3|gs|abfs|hdfs)://.+": "an object-store URI such as s3://bucket/checkpoints",
     r"^/.*": "an absolute path such as /mnt/checkpoints",
+    api.SCHEDULE_PATTERN: "a cron schedule: five fields (minute hour day-of-month month day-of-week, "
+    "e.g. '0 3 * * *') or one of " + ", ".join(api.CRON_MACROS) + " (a time zone goes in spec.timeZone)",
 }
 
 

@@ -1,5 +1,6 @@
 """kopf wiring: the operator's start-up, liveness probe, signals and clean-up, around the per-kind
-handlers (`trainingjob_handlers`, `modelservice_handlers`, registered by importing them here). All
+handlers (`trainingjob_handlers`, `modelservice_handlers`, `trainingschedule_handlers`, registered by
+importing them here). All
 the process's state is one `OperatorProcess` (`rayship.controller.process`), made by `run` and handed
 to every handler in kopf's memo; the reconcile loop is `rayship.controller.reconcile`.
 
@@ -25,6 +26,10 @@ from rayship.controller import k8s
 from rayship.controller.modelservice_handlers import register_resync
 from rayship.controller.process import OperatorProcess, of
 from rayship.controller.trainingjob_handlers import TRAINING, queue_for, resync_trainingjobs
+from rayship.controller.trainingschedule_handlers import schedule_daemon
+
+# Registered with kopf by being imported (as the two kinds' handlers above are).
+__all__ = ["schedule_daemon"]
 
 log = logging.getLogger("rayship")
 

@@ -122,6 +122,34 @@ def get(resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
     return cast(dict[str, Any], found)
 
 
+def list_objects(resource: Resource, namespace: str, selector: str) -> list[dict[str, Any]]:
+    """The custom objects of a namespace matching a label selector."""
+    group, version, plural = resource
+    found = cast(
+        dict[str, Any],
+        _custom().list_namespaced_custom_object(
+            group, version, namespace, plural, label_selector=selector, _request_timeout=TIMEOUT
+        ),
+    )
+    return cast(list[dict[str, Any]], found.get("items") or [])
+
+
+def delete(resource: Resource, namespace: str, name: str, uid: str) -> None:
+    """Delete a custom object, only the one with `uid` (a namesake made since is not touched); its own
+    children go by the garbage collector. One already gone, or replaced, is left as it is."""
+    group, version, plural = resource
+    body = kubernetes.client.V1DeleteOptions(
+        preconditions=kubernetes.client.V1Preconditions(uid=uid), propagation_policy="Background"
+    )
+    try:
+        _custom().delete_namespaced_custom_object(
+            group, version, namespace, plural, name, body=body, _request_timeout=TIMEOUT
+        )
+    except ApiException as err:
+        if err.status not in (404, 409):  # 409: the uid precondition failed (a namesake)
+            raise
+
+
 def list_pods(namespace: str, selector: str) -> list[dict[str, Any]]:
     """The pods matching a label selector, as plain dicts (for their scheduling and container state)."""
     found = kubernetes.client.CoreV1Api(_client()).list_namespaced_pod(

@@ -22,7 +22,9 @@ ROLLOUT_CHECK_SECONDS = 3.0
 
 
 def _modelservice_related(ms: Mapping[str, Any]) -> list[tuple[api.Resource, str]]:
-    return [(api.TRAININGJOBS, name) for name in modelservice.referenced_trainingjobs(ms)]
+    return [(api.TRAININGJOBS, name) for name in modelservice.referenced_trainingjobs(ms)] + [
+        (api.TRAININGSCHEDULES, name) for name in modelservice.referenced_schedules(ms)
+    ]
 
 
 SERVING = Controller(
@@ -91,6 +93,14 @@ def services_by_trainingjob(
     """(namespace, TrainingJob name) -> the ModelServices serving its model(s) (kept in memory by kopf)."""
     served = modelservice.referenced_trainingjobs(body)
     return {(namespace, trainingjob): name for trainingjob in served} or None
+
+
+@kopf.index(*api.MODELSERVICES)
+def services_by_trainingschedule(
+    *, namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[tuple[str | None, str], str] | None:
+    """(namespace, TrainingSchedule name) -> the ModelServices serving its promoted run."""
+    return {(namespace, schedule): name for schedule in modelservice.referenced_schedules(body)} or None
 
 
 @in_thread

@@ -55,6 +55,8 @@ class OperatorProcess:
     reconciled: dict[Key, float] = field(default_factory=dict)
     stop_resync: threading.Event = field(default_factory=threading.Event)
     stop: asyncio.Event | None = None  # the flag `run` hands kopf; set on SIGTERM or SIGINT
+    # Each TrainingSchedule's daemon sleeps on its flag here, set by the events that concern it.
+    schedule_wakers: dict[Key, asyncio.Event] = field(default_factory=dict)
 
     @classmethod
     def start(cls, config: OperatorConfig) -> OperatorProcess:

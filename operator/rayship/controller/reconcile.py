@@ -179,7 +179,7 @@ class Reconciler:
         if desired.get("phase") != current.get("phase"):
             metrics.PHASE_TRANSITIONS.labels(ctl.kind, str(desired.get("phase"))).inc()
         for event in ctl.announce(current, desired):
-            _post(owner, event)
+            post(owner, event)
         return True
 
 
@@ -206,16 +206,16 @@ def _carry_out(
             if how == "previous":
                 raise k8s.Busy(describe_foreign(child, ctl.child[2], how))
             raise k8s.Rejected("Failed", "NameTaken", describe_foreign(child, ctl.child[2], how))
-        _post(owner, todo.on_create)
+        post(owner, todo.on_create)
         for warning in todo.warnings:
-            _post(owner, warning)
+            post(owner, warning)
     if todo.patch is not None and child is not None:
         child = k8s.patch(ctl.child, namespace, todo.child_name, todo.patch)
-        _post(owner, todo.on_patch)
+        post(owner, todo.on_patch)
     return child
 
 
-def _post(owner: kopf.Body, event: Event | None) -> None:
+def post(owner: kopf.Body, event: Event | None) -> None:
     """Our own Events, posted explicitly (kopf.info() would obey posting.level and drop them). A
     reconcile that was running when the operator stopped may finish after kopf's event loop closed:
     its Event cannot be posted any more (the status it wrote stays), which is said in the log."""

@@ -44,8 +44,8 @@ def plan(
     trainingjobs: Sequence[Mapping[str, Any]],
     config: OperatorConfig,
 ) -> Plan:
-    """The reconcile's plan; `trainingjobs` are those of the TrainingJobs the service names
-    (`referenced_trainingjobs`) that exist."""
+    """The reconcile's plan; `trainingjobs` are those of the TrainingJobs and TrainingSchedules the
+    service names (`referenced_trainingjobs`, `referenced_schedules`) that exist."""
     name = names.rayservice_name(modelservice["metadata"]["name"])
     current = modelservice.get("status") or {}
     try:
@@ -53,7 +53,10 @@ def plan(
     except SpecError as err:
         return Plan(name, context=ServiceContext(None, "; ".join(err.problems), None, None))
     assert isinstance(ms, api.ModelService)
-    by_name = {str(tj.get("metadata", {}).get("name")): tj for tj in trainingjobs}
+    by_name = {
+        (str(obj.get("kind") or api.TRAINING_JOB.kind), str(obj.get("metadata", {}).get("name"))): obj
+        for obj in trainingjobs
+    }
     resolved = resolve(ms, by_name, current)
     desired_models = resolved.models
     multi = ms.spec.models is not None

@@ -39,11 +39,14 @@ def resolve_source(
     *,
     engine: str = "rayship",
 ) -> Resolution:
-    """One model: its `uri` (read from `storage`, if any), or its TrainingJob's export; `served` (and
+    """One model: its `uri` (read from `storage`, if any), or the export of the TrainingJob it names
+    (or of the run its TrainingSchedule promoted: then `trainingjob` is that schedule); `served` (and
     `served_volume`) is the URI Serve was last confirmed to serve for it, kept while the job cannot
     give one. `engine` vllm takes only language models."""
     if source.uri:
         return Resolution(source.uri, "ModelURI", f"serving {source.uri}", storage)
+    if source.from_training_schedule is not None:
+        return _from_schedule(source.from_training_schedule, trainingjob, served, served_volume, engine)
     ref = source.from_training_job
     assert ref is not None  # the API guarantees exactly one source
     if trainingjob is None:
@@ -87,6 +90,48 @@ def resolve_source(
     )
 
 
+def _from_schedule(
+    ref: api.FromTrainingSchedule,
+    schedule: Mapping[str, Any] | None,
+    served: str | None,
+    served_volume: api.PvcStorage | None,
+    engine: str,
+) -> Resolution:
+    """The model of the run `schedule` promoted last (its status.promoted): a newer promoted run is a
+    new model, rolled out as any. A run that failed the gate is never promoted, so never served."""
+    what = f"TrainingSchedule {ref.name}"
+    if schedule is None:
+        if served:
+            return Resolution(
+                served,
+                "TrainingScheduleDeleted",
+                f"{what} was deleted; still serving {served}",
+                served_volume,
+            )
+        return Resolution(None, "TrainingScheduleNotFound", f"{what} does not exist (yet)")
+    promoted = (schedule.get("status") or {}).get("promoted") or {}
+    if not promoted.get("job"):
+        return Resolution(
+            None, "NothingPromoted", f"waiting for {what} to promote a run (none has passed its gate yet)"
+        )
+    template = ((schedule.get("spec") or {}).get("jobTemplate") or {}).get("spec") or {}
+    if engine == "vllm" and (template.get("trainer") or {}).get("recipe") == "mlp":
+        return Resolution(
+            None,
+            "NotALanguageModel",
+            f"engine vllm serves causal language models; {what} trains recipe mlp (serve it with engine: rayship)",
+        )
+    key = "model" if ref.checkpoint == "latest" else "bestModel"
+    uri = promoted.get(key)
+    if not uri:
+        return Resolution(
+            None, "NoExportedModel", f"{what} promoted {promoted['job']}, which reports no {key}"
+        )
+    volume = api.PvcStorage.model_validate(promoted["volume"]) if promoted.get("volume") else None
+    message = f"serving the {ref.checkpoint} model of {promoted['job']}, promoted by {what}: {uri}"
+    return Resolution(uri, "FromTrainingSchedule", message, volume)
+
+
 def resolve_model(
     ms: api.ModelService, trainingjob: Mapping[str, Any] | None, current: Mapping[str, Any]
 ) -> Resolution:
@@ -104,7 +149,11 @@ def resolve_model(
 
 
 ONE = ""  # the key of spec.model's URI among a service's models (spec.models names are never empty)
-KEPT_REASONS = ("ModelURI", "FromTrainingJob")  # a model resolved with nothing to report
+KEPT_REASONS = (
+    "ModelURI",
+    "FromTrainingJob",
+    "FromTrainingSchedule",
+)  # a model resolved with nothing to report
 
 
 @dataclass(frozen=True)
@@ -176,13 +225,16 @@ def model_status_by_name(current: Mapping[str, Any]) -> dict[str, Mapping[str, A
 
 
 def resolve(
-    ms: api.ModelService, trainingjobs: Mapping[str, Mapping[str, Any]], current: Mapping[str, Any]
+    ms: api.ModelService, related: Mapping[tuple[str, str], Mapping[str, Any]], current: Mapping[str, Any]
 ) -> Resolved:
-    """Every model of the service; `trainingjobs` are the TrainingJobs it names that exist, by name."""
+    """Every model of the service; `related` are the TrainingJobs and TrainingSchedules it names that
+    exist, by (kind, name)."""
 
     def job(source: api.ModelSource) -> Mapping[str, Any] | None:
+        if (schedule := source.from_training_schedule) is not None:
+            return related.get((api.TRAINING_SCHEDULE.kind, schedule.name))
         ref = source.from_training_job
-        return trainingjobs.get(ref.name) if ref is not None else None
+        return related.get((api.TRAINING_JOB.kind, ref.name)) if ref is not None else None
 
     if ms.spec.models is None:
         assert ms.spec.model is not None  # the API guarantees exactly one of model and models
@@ -197,14 +249,20 @@ def resolve(
     return Resolved(each, _volume_clash(each))
 
 
-def referenced_trainingjobs(ms: Mapping[str, Any]) -> list[str]:
+def referenced_trainingjobs(ms: Mapping[str, Any], field: str = "fromTrainingJob") -> list[str]:
     """The TrainingJobs (same namespace) whose models a ModelService document serves, sorted: from
-    `spec.model.fromTrainingJob` or each `spec.models.<name>.fromTrainingJob`."""
+    `spec.model.fromTrainingJob` or each `spec.models.<name>.fromTrainingJob` (`field`
+    fromTrainingSchedule: the TrainingSchedules whose promoted runs it serves)."""
     spec = ms.get("spec") or {}
     sources = [spec.get("model")] + list((spec.get("models") or {}).values())
     found = {
         ref.get("name")
         for source in sources
-        if isinstance(source, Mapping) and isinstance(ref := source.get("fromTrainingJob"), Mapping)
+        if isinstance(source, Mapping) and isinstance(ref := source.get(field), Mapping)
     }
     return sorted(n for n in found if isinstance(n, str))
+
+
+def referenced_schedules(ms: Mapping[str, Any]) -> list[str]:
+    """The TrainingSchedules (same namespace) whose promoted runs a ModelService document serves."""
+    return referenced_trainingjobs(ms, "fromTrainingSchedule")

@@ -1,0 +1,109 @@
+"""The TrainingSchedule API: what the CRD refuses at `kubectl apply` (the field named, as the models
+and `rayship render` name it), and what `rayship render` prints for a schedule."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import yaml
+
+from rayship import api, cli
+from rayship.api import names
+from rayship.api.validation import SpecError, parse
+from tests.conftest import SAMPLES
+from tests.unit.bad_corpus import _set
+
+SAMPLE = SAMPLES / "trainingschedule-nightly.yaml"
+
+
+def sample() -> dict[str, Any]:
+    return yaml.safe_load(SAMPLE.read_text())
+
+
+BAD = [
+    ("schedule-six-fields", _set("spec.schedule", "* * * * * *"), "spec.schedule", "cron schedule"),
+    ("schedule-tz-inside", _set("spec.schedule", "TZ=UTC 0 3 * * *"), "spec.schedule", "spec.timeZone"),
+    ("schedule-every", _set("spec.schedule", "@every 5m"), "spec.schedule", "cron schedule"),
+    ("time-zone-unknown", _set("spec.timeZone", "Mars/Olympus_Mons"), "timeZone", "IANA tz database"),
+    ("time-zone-abbreviation", _set("spec.timeZone", "PST"), "timeZone", "IANA tz database"),
+    ("policy-unknown", _set("spec.concurrencyPolicy", "Queue"), "spec.concurrencyPolicy", "Allow"),
+    ("history-negative", _set("spec.successfulJobsHistoryLimit", -1), "spec.successfulJobsHistoryLimit", "0"),
+    ("name-too-long", _set("metadata.name", "n" * 53), "metadata.name", "52"),
+    ("gate-without-metric", _set("spec.promote", {"threshold": 0.2}), "spec.promote.metric", "missing"),
+    ("template-bad-spec", _set("spec.jobTemplate.spec.workers.replicas", 0), "spec.jobTemplate.spec.workers.replicas", ""),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "mutate", "field", "words"), BAD, ids=[b[0] for b in BAD])
+def test_the_crd_and_the_models_refuse_it_naming_the_field(
+    case: str, mutate, field: str, words: str, trainingschedule_validator
+) -> None:
+    doc = sample()
+    mutate(doc)
+    errors = trainingschedule_validator.errors(doc)
+    assert errors, f"{case}: the CRD accepts it"
+    with pytest.raises(SpecError) as err:
+        parse(doc)
+    assert field in str(err.value) and words in str(err.value), f"{case}: {err.value}"
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        ("spec.jobTemplate.spec.data.uri", "s3://b/{{ .RunTime }}/x.parquet"),
+        ("spec.jobTemplate.spec.trainer.config.day", "{{ .ScheduledDate }}"),  # filled only under data
+    ],
+    ids=["unknown-placeholder", "placeholder-outside-data"],
+)
+def test_a_placeholder_rayship_does_not_fill_is_refused(where: str, value: str) -> None:
+    doc = sample()
+    _set(where, value)(doc)
+    with pytest.raises(SpecError) as err:
+        parse(doc)
+    assert where.removeprefix("spec.") in str(err.value) and "not a placeholder rayship knows" in str(
+        err.value
+    )
+
+
+def test_every_time_zone_of_the_pinned_database_is_accepted(trainingschedule_validator) -> None:
+    zones = api.time_zones()
+    assert "Europe/Berlin" in zones and "America/New_York" in zones and len(zones) > 400
+    for zone in ("Etc/UTC", "Asia/Kolkata", "America/Argentina/Buenos_Aires"):
+        doc = sample()
+        doc["spec"]["timeZone"] = zone
+        assert trainingschedule_validator.errors(doc) == [], zone
+        parse(doc)
+
+
+def test_the_printer_columns_show_the_schedule_its_last_run_and_the_promoted_one() -> None:
+    columns = {c.name: c.json_path for c in api.TRAINING_SCHEDULE.columns}
+    assert columns["Schedule"] == ".spec.schedule" and columns["Promoted"] == ".status.promoted.job"
+    assert columns["Last Schedule"] == ".status.lastScheduleTime"
+
+
+def test_render_prints_the_next_run_and_what_it_becomes(capsys) -> None:
+    code = cli.main(["render", "-f", str(SAMPLE)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    objects = list(yaml.safe_load_all(out))
+    run = objects[0]
+    assert (
+        run["kind"] == "TrainingJob"
+        and run["metadata"]["labels"][names.LABEL_TRAININGSCHEDULE] == "mlp-nightly"
+    )
+    assert "{{" not in run["spec"]["data"]["uri"] and "date=20" in run["spec"]["data"]["uri"]
+    assert "RayJob" in [o["kind"] for o in objects] and "the next run of TrainingSchedule mlp-nightly" in err
+
+
+def test_render_refuses_a_bad_schedule_in_one_line(tmp_path, capsys) -> None:
+    doc = copy.deepcopy(sample())
+    doc["spec"]["schedule"] = "0 25 * * *"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code = cli.main(["render", "-f", str(path)])
+    _, err = capsys.readouterr()
+    assert (
+        code == 1 and "spec.schedule" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    )
