@@ -112,6 +112,13 @@ SPEC_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
     ("zero-batch", _set("spec.trainer.batchSizePerWorker", 0), "spec.trainer.batchSizePerWorker"),
     ("negative-replicas", _set("spec.workers.replicas", -1), "spec.workers.replicas"),
     ("zero-replicas", _set("spec.workers.replicas", 0), "spec.workers.replicas"),
+    ("min-replicas-above-replicas", _set("spec.workers.minReplicas", 3), "workers.minReplicas"),
+    ("min-replicas-zero", _set("spec.workers.minReplicas", 0), "spec.workers.minReplicas"),
+    (
+        "negative-max-preemptions",
+        _set("spec.failurePolicy.maxPreemptions", -1),
+        "spec.failurePolicy.maxPreemptions",
+    ),
     ("negative-gpus", _set("spec.workers.gpusPerWorker", -1), "spec.workers.gpusPerWorker"),
     ("too-many-gpus", _set("spec.workers.gpusPerWorker", 64), "spec.workers.gpusPerWorker"),
     ("zero-cpus", _set("spec.workers.cpusPerWorker", 0), "spec.workers.cpusPerWorker"),

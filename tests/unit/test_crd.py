@@ -76,7 +76,17 @@ def test_crd_metadata(crd) -> None:
     assert crd["spec"]["names"]["shortNames"] == ["tj"]
     assert version["subresources"] == {"status": {}}
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Phase", "Workers", "GPUs", "Epoch", "Loss", "GPU-Hours", "Age", "Last Error"]
+    assert list(columns) == [
+        "Phase",
+        "Workers",
+        "Ready",
+        "GPUs",
+        "Epoch",
+        "Loss",
+        "GPU-Hours",
+        "Age",
+        "Last Error",
+    ]
     wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority")]
     assert wide == ["Last Error"]  # `kubectl get tj -o wide` only
     root = version["schema"]["openAPIV3Schema"]

@@ -108,6 +108,19 @@ def test_gpu_workers_really_get_gpus() -> None:
     assert "NVIDIA_VISIBLE_DEVICES" not in {e["name"] for e in container["env"]}
 
 
+def test_an_elastic_worker_group_keeps_replicas_pods_and_allows_down_to_min_replicas() -> None:
+    doc = load(SAMPLES / "trainingjob-ddp.yaml")
+    doc["spec"]["workers"].update(replicas=4, minReplicas=2)
+    (rayjob,) = [
+        o for o in trainingjob.render_trainingjob(parse_trainingjob(doc), CONFIG) if o["kind"] == "RayJob"
+    ]
+    group = worker_group(rayjob)
+    # KubeRay re-creates a pod taken away (replicas); Ray Train goes on with >= 2 meanwhile
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (4, 2, 4)
+    assert rayjob["spec"]["rayClusterSpec"]["enableInTreeAutoscaling"] is False
+    assert rayjob_violations(rayjob) == []
+
+
 def test_gpu_product_selects_nodes_and_extra_placement_is_kept() -> None:
     rayjob = rendered(Path(__file__).parent / "specs" / "deepspeed-zero3-s3.yaml")
     spec = worker_group(rayjob)["template"]["spec"]

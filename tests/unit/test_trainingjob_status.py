@@ -215,6 +215,16 @@ def test_rayjob_fields_and_gpu_seconds() -> None:
     assert "completionTime" not in st
 
 
+def test_ready_workers_are_counted_while_running_and_cleared_after() -> None:
+    """An elastic job's worker count next to the desired one: KubeRay's ready count while it runs."""
+    cluster = {"readyWorkerReplicas": 2, "desiredWorkerReplicas": 3}
+    assert derive(obs(rayjob("Running", "RUNNING", rayClusterStatus=cluster)), NOW)["readyWorkers"] == 2
+    finished = derive(
+        obs(rayjob("Complete", "SUCCEEDED", rayClusterStatus=cluster), {"readyWorkers": 2}), NOW
+    )
+    assert finished["phase"] == "Succeeded" and finished["readyWorkers"] is None  # the merge patch removes it
+
+
 def test_the_workload_account_is_named_once_our_rayjob_exists() -> None:
     """status.workloadAccount lets that ServiceAccount (and no other workload account) write the
     status (the chart's admission policy): named only once the RayJob, made after its ServiceAccount

@@ -592,3 +592,26 @@ def test_run_with_missing_data_names_the_field(ray_session, tmp_path: Path, caps
     assert cli.main(["run", "-f", str(path), "--runs-dir", str(tmp_path / "runs")]) == 1
     err = capsys.readouterr().err
     assert f"spec.data.uri: {tmp_path / 'missing.parquet'} does not exist" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("workers", "preemptions", "num_workers", "max_preemption_failures"),
+    [
+        ({"replicas": 3, "minReplicas": 2}, None, (2, 3), -1),
+        ({"replicas": 3}, 5, 3, 5),
+        ({"replicas": 2, "minReplicas": 2}, 0, 2, 0),  # min == max: a fixed size
+    ],
+    ids=["elastic-unlimited-preemptions", "fixed-five-preemptions", "min-equals-replicas"],
+)
+def test_elastic_workers_and_preemptions_reach_ray_train(
+    tmp_path: Path, workers: dict, preemptions: int | None, num_workers, max_preemption_failures: int
+) -> None:
+    """No Ray run: the TorchTrainer as built (the cluster path makes the same one)."""
+    changes: dict[str, Any] = {"workers": {"gpusPerWorker": 0, **workers}}
+    if preemptions is not None:
+        changes["failurePolicy.maxPreemptions"] = preemptions
+    trainer, _ = train.build_trainer(spec(tmp_path, **changes), storage_root=str(tmp_path / "store"))
+    assert trainer.scaling_config.num_workers == num_workers
+    failure = trainer.run_config.failure_config
+    assert failure.max_preemption_failures == max_preemption_failures
+    assert failure.max_failures == 3  # failurePolicy.maxWorkerFailures, counted apart

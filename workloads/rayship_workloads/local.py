@@ -81,6 +81,8 @@ def localize(tj: api.TrainingJob, *, cores: int, has_gpu: bool) -> tuple[api.Tra
     if workers.replicas > cores:
         workers.replicas = cores
         changes.append(f"capped to {cores} workers (local cores)")
+        if workers.min_replicas is not None and workers.min_replicas > cores:
+            workers.min_replicas = cores  # elastic down to the machine's size
     trainer = local.spec.trainer
     precision = trainer.deepspeed if trainer.strategy == "deepspeed" else trainer.fsdp
     if precision is not None and precision.precision == "fp16" and not has_gpu:

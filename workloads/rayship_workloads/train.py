@@ -143,6 +143,13 @@ def _logged(loop: recipes.TrainLoop, config: dict[str, Any]) -> Any:
     return loop(config)
 
 
+def worker_range(workers: api.WorkersSpec) -> int | tuple[int, int]:
+    """Ray Train's num_workers: (minReplicas, replicas) for an elastic job (it goes on with fewer
+    workers when pods are taken away, and grows back), else the fixed replicas."""
+    low = workers.min_replicas
+    return (low, workers.replicas) if low is not None and low < workers.replicas else workers.replicas
+
+
 def build_trainer(
     tj: api.TrainingJob,
     *,
@@ -165,17 +172,20 @@ def build_trainer(
     gpus = workers.gpus_per_worker
     resources: dict[str, float] = {"CPU": 1, "GPU": gpus} if gpus else {"CPU": 1}  # spare CPUs feed Ray Data
     failures = spec.failure_policy.max_worker_failures if max_failures is None else max_failures
+    preemptions = spec.failure_policy.max_preemptions
     trainer = TorchTrainer(
         functools.partial(_logged, loop_for(spec.trainer)),
         train_loop_config=prepared.loop_config(tj, handoff),
         scaling_config=ScalingConfig(
-            num_workers=workers.replicas, use_gpu=gpus > 0, resources_per_worker=resources
+            num_workers=worker_range(workers), use_gpu=gpus > 0, resources_per_worker=resources
         ),
         run_config=RunConfig(
             name=prepared.run_name,
             storage_path=storage_root,
             checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint.keep),
-            failure_config=FailureConfig(max_failures=failures),
+            failure_config=FailureConfig(
+                max_failures=failures, max_preemption_failures=-1 if preemptions is None else preemptions
+            ),
             logging_config=LoggingConfig(log_level="WARNING") if quiet else None,
             callbacks=list(callbacks),
             worker_runtime_env=runtime_env or None,

@@ -114,9 +114,25 @@ class DataSpec(ApiModel):
 class WorkersSpec(ApiModel):
     """The GPU worker group: one Ray Train worker per pod."""
 
-    cel_rules: ClassVar = (NODE_SELECTOR_KEYS, cpu_rule("cpusPerWorker"), memory_rule("memoryPerWorker"))
+    cel_rules: ClassVar = (
+        NODE_SELECTOR_KEYS,
+        cpu_rule("cpusPerWorker"),
+        memory_rule("memoryPerWorker"),
+        CelRule(
+            "!has(self.minReplicas) || self.minReplicas <= self.replicas",
+            "workers.minReplicas must not exceed workers.replicas (the most workers the job trains on)",
+        ),
+    )
 
     replicas: int = Field(1, ge=1, le=1024, description="Number of training workers (pods).")
+    min_replicas: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Elastic training: the fewest workers the job goes on with when worker pods are taken "
+        "away (a spot reclaim, a drain); it grows back to replicas as pods return (Ray Train's "
+        "num_workers=(minReplicas, replicas)). Unset: a fixed size of replicas.",
+    )
     gpus_per_worker: int = Field(1, ge=0, le=16, description="GPUs per worker pod (0 trains on CPU).")
     cpus_per_worker: float = Field(
         4, ge=0.001, le=1024, description="CPU cores per worker pod (at least 1m)."
@@ -199,6 +215,13 @@ class FailurePolicy(ApiModel):
     )
     retries: int = Field(
         2, ge=0, le=100, description="Whole-job retries on a new Ray cluster (RayJob backoffLimit)."
+    )
+    max_preemptions: int | None = Field(
+        None,
+        ge=0,
+        le=100000,
+        description="Worker preemptions (a node drained or reclaimed) Ray Train recovers from, counted apart "
+        "from maxWorkerFailures and never as a failed attempt. Unset: unlimited.",
     )
     active_deadline_seconds: int | None = Field(
         None,
@@ -473,6 +496,12 @@ class TrainingJobStatus(ApiModel):
     start_time: str | None = Field(None, description="When the Ray job started (RFC 3339).")
     completion_time: str | None = Field(None, description="When the Ray job finished (RFC 3339).")
     gpus: int | None = Field(None, ge=0, description="GPUs requested by the worker group.")
+    ready_workers: int | None = Field(
+        None,
+        ge=0,
+        description="Worker pods ready while the job runs (an elastic job goes on with as few as "
+        "spec.workers.minReplicas).",
+    )
     gpu_seconds: float | None = Field(
         None, ge=0, description="GPU-seconds held by the Ray job so far, summed over its attempts."
     )
@@ -531,6 +560,7 @@ TRAINING_JOB = Kind(
     columns=(
         PrinterColumn("Phase", "string", ".status.phase", "Lifecycle phase."),
         PrinterColumn("Workers", "integer", ".spec.workers.replicas", "Training workers."),
+        PrinterColumn("Ready", "integer", ".status.readyWorkers", "Worker pods ready while it runs."),
         PrinterColumn("GPUs", "integer", ".status.gpus", "GPUs requested by the worker group."),
         PrinterColumn("Epoch", "integer", ".status.progress.epoch", "Last completed epoch."),
         PrinterColumn("Loss", "number", ".status.progress.metrics.loss", "Latest training loss."),

@@ -311,6 +311,11 @@ def _rayjob_fields(
         # KubeRay counts failed attempts (a final failure included); the one running or succeeded is
         # the next.
         out["attempt"] = int(rj.get("failed") or 0) + (0 if phase == "Failed" else 1) or 1
+    if obs.rayjob is not None:
+        # The worker pods Ray counts ready while the job runs (an elastic job's may be fewer than
+        # spec.workers.replicas); None removes a count that no longer holds.
+        ready = (rj.get("rayClusterStatus") or {}).get("readyWorkerReplicas")
+        out["readyWorkers"] = ready if phase == "Running" and isinstance(ready, int) else None
     if obs.gpus is not None:
         out["gpus"] = obs.gpus
         out.update(accounted(obs.current, rj, phase, reason, out.get("attempt"), (obs.gpus, obs.cpus), now))

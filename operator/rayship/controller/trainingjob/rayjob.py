@@ -249,8 +249,9 @@ def _build(tj: api.TrainingJob, config: OperatorConfig) -> tuple[dict[str, Any],
             "workerGroupSpecs": [
                 {
                     "groupName": names.TRAINING_WORKER_GROUP,
+                    # elastic: KubeRay re-creates a pod taken away; Ray Train goes on with minReplicas+
                     "replicas": replicas,
-                    "minReplicas": replicas,
+                    "minReplicas": spec.workers.min_replicas or replicas,
                     "maxReplicas": replicas,
                     "rayStartParams": {},
                     "template": worker_template,
