@@ -155,7 +155,12 @@ def test_the_ray_pods_network_policy_selects_every_ray_pod_and_follows_serve_fro
         lambda: serve_from(policy() or {"spec": {"ingress": []}}) == gateway, 60, what="serveFrom applied"
     )
     assert kube.get(RS, "mlp")["spec"]["rayClusterConfig"] == rayservice["spec"]["rayClusterConfig"]
-    assert any(reason == "NetworkPolicyUpdated" for _, reason, _ in kube.events("mlp"))
+    # the Event is posted after the patch (kopf's posting queue): seen a moment later, not at once
+    wait_for(
+        lambda: any(reason == "NetworkPolicyUpdated" for _, reason, _ in kube.events("mlp")),
+        30,
+        what="Event NetworkPolicyUpdated",
+    )
 
     for service in ("mlp", "other"):
         kube.delete(MS, service)
