@@ -249,10 +249,9 @@ def resolve(
     return Resolved(each, _volume_clash(each))
 
 
-def referenced_trainingjobs(ms: Mapping[str, Any], field: str = "fromTrainingJob") -> list[str]:
-    """The TrainingJobs (same namespace) whose models a ModelService document serves, sorted: from
-    `spec.model.fromTrainingJob` or each `spec.models.<name>.fromTrainingJob` (`field`
-    fromTrainingSchedule: the TrainingSchedules whose promoted runs it serves)."""
+def _referenced(ms: Mapping[str, Any], field: str) -> list[str]:
+    """The names (same namespace) a ModelService document's sources give under `field`, sorted: in
+    `spec.model` or each `spec.models.<name>`."""
     spec = ms.get("spec") or {}
     sources = [spec.get("model")] + list((spec.get("models") or {}).values())
     found = {
@@ -263,6 +262,11 @@ def referenced_trainingjobs(ms: Mapping[str, Any], field: str = "fromTrainingJob
     return sorted(n for n in found if isinstance(n, str))
 
 
+def referenced_trainingjobs(ms: Mapping[str, Any]) -> list[str]:
+    """The TrainingJobs whose models a ModelService document serves (`fromTrainingJob`)."""
+    return _referenced(ms, "fromTrainingJob")
+
+
 def referenced_schedules(ms: Mapping[str, Any]) -> list[str]:
-    """The TrainingSchedules (same namespace) whose promoted runs a ModelService document serves."""
-    return referenced_trainingjobs(ms, "fromTrainingSchedule")
+    """The TrainingSchedules whose promoted runs a ModelService document serves (`fromTrainingSchedule`)."""
+    return _referenced(ms, "fromTrainingSchedule")
