@@ -50,11 +50,19 @@ def promoted(job: str = "mlp-nightly-29931960", model: str = "/mnt/checkpoints/d
     [
         (None, None, None, "TrainingScheduleNotFound"),
         (schedule(), None, None, "NothingPromoted"),
+        (schedule(), "/m/old", "/m/old", "NothingPromoted"),  # switched to the schedule: keeps serving
         (schedule(promoted()), None, "/mnt/checkpoints/default.run1/model", "FromTrainingSchedule"),
         (None, "/m/old", "/m/old", "TrainingScheduleDeleted"),
         (schedule({"job": "run1", "value": 0.1}), None, None, "NoExportedModel"),
     ],
-    ids=["schedule-missing", "nothing-promoted", "promoted", "deleted-keeps-serving", "no-model"],
+    ids=[
+        "schedule-missing",
+        "nothing-promoted",
+        "nothing-promoted-keeps-serving",
+        "promoted",
+        "deleted-keeps-serving",
+        "no-model",
+    ],
 )
 def test_the_promoted_run_is_resolved(ts, served, uri, reason) -> None:
     found = modelservice.resolve_model(parse(service()), ts, {"modelURI": served} if served else {})

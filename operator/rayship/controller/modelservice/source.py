@@ -111,9 +111,12 @@ def _from_schedule(
         return Resolution(None, "TrainingScheduleNotFound", f"{what} does not exist (yet)")
     promoted = (schedule.get("status") or {}).get("promoted") or {}
     if not promoted.get("job"):
-        return Resolution(
-            None, "NothingPromoted", f"waiting for {what} to promote a run (none has passed its gate yet)"
-        )
+        # A live service switched to follow a schedule keeps what it serves until a run passes the gate
+        # (as a TrainingJob not yet succeeded does): switching never takes it down.
+        waiting = f"waiting for {what} to promote a run (none has passed its gate yet)"
+        if served:
+            return Resolution(served, "NothingPromoted", f"{waiting}; still serving {served}", served_volume)
+        return Resolution(None, "NothingPromoted", waiting)
     template = ((schedule.get("spec") or {}).get("jobTemplate") or {}).get("spec") or {}
     if engine == "vllm" and (template.get("trainer") or {}).get("recipe") == "mlp":
         return Resolution(
