@@ -37,7 +37,8 @@ pytestmark = [pytest.mark.realpods, pytest.mark.timeout(600)]
 
 TJ, MS, RJ, RS = api.TRAININGJOBS, api.MODELSERVICES, api.RAYJOBS, api.RAYSERVICES
 TRAINING, SERVING = "mlp-cpu", "mlp-cpu"  # the samples' names
-RETRAINED = "mlp-cpu-v2"  # the model the rollout rolls out
+RETRAINING = "retrain"  # the TrainingSchedule whose promoted run the service rolls out to
+TS = api.TRAININGSCHEDULES
 CLAIM = "rayship-checkpoints"
 # What the samples ask, cut to the node: a head of half a CPU, workers of half a CPU each.
 SMALL_TRAINING = {
@@ -284,16 +285,29 @@ def table_row(out: str) -> dict[str, str]:
     return {n: row[a:b].strip() for n, a, b in zip(names, starts, ends, strict=True)}
 
 
-def retrain(cluster, kube: Kube) -> None:
-    """`kubectl apply` the retraining the rollout serves (another model), small enough to run beside
-    the service (its head, KubeRay's autoscaler sidecar of 0.5 CPU, a replica) on the node's 2 CPUs."""
+def schedule_retraining(cluster, kube: Kube) -> None:
+    """`kubectl apply` the TrainingSchedule whose runs the service rolls out to: a run every minute
+    (Forbid: one at a time), small enough to run beside the service (its head, KubeRay's autoscaler
+    sidecar of 0.5 CPU, a replica) on the node's 2 CPUs. Its gate (loss below 1000) passes every run
+    until a test lowers it."""
     doc = yaml.safe_load((SAMPLES / "kind-trainingjob-cpu.yaml").read_text())
-    doc["metadata"] = {"name": RETRAINED, "namespace": kube.namespace}
-    doc["spec"].update(SMALL_TRAINING)
-    doc["spec"]["head"] = {"cpus": 0.25, "memory": "3Gi"}
-    doc["spec"]["workers"].update(replicas=1, cpusPerWorker=0.25)
-    doc["spec"]["trainer"]["learningRate"] = 0.05  # another model
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+    template = doc["spec"]
+    template.update(SMALL_TRAINING)
+    template["head"] = {"cpus": 0.25, "memory": "3Gi"}
+    template["workers"] = dict(template["workers"], replicas=1, cpusPerWorker=0.25)
+    template["trainer"]["learningRate"] = 0.05  # another model than the service's first
+    schedule = {
+        "apiVersion": "rayship.dev/v1alpha1",
+        "kind": "TrainingSchedule",
+        "metadata": {"name": RETRAINING, "namespace": kube.namespace},
+        "spec": {
+            "schedule": "* * * * *",
+            "concurrencyPolicy": "Forbid",
+            "promote": {"metric": "loss", "goal": "minimize", "threshold": 1000.0},
+            "jobTemplate": {"spec": template},
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(schedule))
 
 
 def test_modelservice_serves_the_trained_model_through_the_api_servers_service_proxy(
@@ -303,7 +317,7 @@ def test_modelservice_serves_the_trained_model_through_the_api_servers_service_p
     wait_for(lambda: phase(kube, TJ, TRAINING, "Succeeded") == "Succeeded", 300, what="the training")
     t0 = time.monotonic()
     apply(cluster, kube, "kind-modelservice-cpu.yaml", **SMALL_SERVICE)
-    retrain(cluster, kube)  # for the rollout that follows: it trains while the service comes up
+    schedule_retraining(cluster, kube)  # for the rollout that follows: runs while the service comes up
     wait_for(lambda: phase(kube, MS, SERVING, "Ready") == "Ready", 420, what="the ModelService Ready")
     status = kube.status(MS, SERVING)
     model = kube.status(TJ, TRAINING)["checkpoint"]["model"]
@@ -342,35 +356,34 @@ def test_modelservice_serves_the_trained_model_through_the_api_servers_service_p
     )
 
 
-def test_a_retrained_model_rolls_out_in_place_while_requests_keep_succeeding(
+def test_a_scheduled_run_that_passes_the_gate_rolls_out_in_place_by_itself(
     real_node, operator, kube: Kube
 ) -> None:
-    """The service follows a new TrainingJob: only serveConfigV2 changes (an in-place Serve rollout
-    on the same Ray cluster); every request during it is answered; status.modelURI names the new
-    model only once Serve answers with it."""
+    """Issue 35 on real pods: the service switches to `model.fromTrainingSchedule` (keeping its model
+    while nothing is promoted yet); the schedule's run passes the gate, is promoted, and the service
+    rolls out to it by itself: only serveConfigV2 changes (an in-place Serve rollout on the same Ray
+    cluster), every request during it is answered, and status.modelURI names the new model only once
+    Serve answers with it. Then the gate is lowered below any loss: the next run fails it, which the
+    next test sees while it runs (never served)."""
     cluster = real_node
     wait_for(lambda: phase(kube, MS, SERVING, "Ready") == "Ready", 300, what="the service from the last test")
     old = kube.status(MS, SERVING)["modelURI"]
     cluster_before = kube.status(RS, names.rayservice_name(SERVING))["activeServiceStatus"]["rayClusterName"]
-    retrain(cluster, kube)  # applied by the last test already (unchanged: a no-op)
-    wait_for(lambda: phase(kube, TJ, RETRAINED, "Succeeded") == "Succeeded", 300, what="the retraining")
-    new = kube.status(TJ, RETRAINED)["checkpoint"]["model"]
-    assert new != old
-
-    rows, outputs = predict_in_pod(
-        cluster, kube, new, [[0.05 * (i - j) for i in range(64)] for j in range(2)]
-    )
-    expected_new = [y for row in outputs for y in row]
+    rows, _ = predict_in_pod(cluster, kube, old, [[0.05 * (i - j) for i in range(64)] for j in range(2)])
     path = (
         f"/api/v1/namespaces/{kube.namespace}/services/{names.rayservice_name(SERVING)}-serve-svc:serve"
         "/proxy/mlp/predict"
     )
     answers: list[tuple[str | None, list[float] | None]] = []  # (modelURI in status, prediction)
+    waiting: list[str] = []  # ModelAvailable messages while nothing was promoted
     stop = threading.Event()
 
-    def load() -> None:  # requests all through the rollout
+    def load() -> None:  # requests all along: while nothing is promoted, and through the rollout
         while not stop.is_set():
-            uri = kube.status(MS, SERVING).get("modelURI")  # read before the request is sent
+            status = kube.status(MS, SERVING)  # read before the request is sent
+            available = next((c for c in status.get("conditions") or [] if c["type"] == "ModelAvailable"), {})
+            if available.get("reason") == "NothingPromoted":
+                waiting.append(available["message"])
             res = cluster.kubectl(
                 "create", "--raw", path, "-f", "-", input=json.dumps({"instances": rows}), check=False
             )
@@ -379,23 +392,36 @@ def test_a_retrained_model_rolls_out_in_place_while_requests_keep_succeeding(
                 if res.returncode == 0
                 else None
             )
-            answers.append((uri, flat))
+            answers.append((status.get("modelURI"), flat))
             time.sleep(0.2)
 
     t0 = time.monotonic()
     worker = threading.Thread(target=load, daemon=True)
     worker.start()
     try:
-        kube.patch(MS, SERVING, {"spec": {"model": {"fromTrainingJob": {"name": RETRAINED}}}})
+        kube.patch(
+            MS,
+            SERVING,
+            {"spec": {"model": {"fromTrainingJob": None, "fromTrainingSchedule": {"name": RETRAINING}}}},
+        )
+        promoted = wait_for(lambda: kube.status(TS, RETRAINING).get("promoted"), 300, what="a promoted run")
+        kube.patch(TS, RETRAINING, {"spec": {"promote": {"threshold": 0.0}}})  # the next run fails the gate
+        new = promoted["model"]
+        assert new != old and new == kube.status(TJ, promoted["job"])["checkpoint"]["model"], promoted
         wait_for(
-            lambda: kube.status(MS, SERVING).get("modelURI") == new, 240, what="modelURI on the new model"
+            lambda: kube.status(MS, SERVING).get("modelURI") == new,
+            240,
+            what="modelURI on the promoted model",
         )
         time.sleep(2)
     finally:
         stop.set()
         worker.join(30)
     failed = [a for a in answers if a[1] is None]
-    assert answers and not failed, f"{len(failed)} of {len(answers)} requests failed during the rollout"
+    assert answers and not failed, f"{len(failed)} of {len(answers)} requests failed"
+    assert all(f"still serving {old}" in m for m in waiting), waiting
+    _, outputs = predict_in_pod(cluster, kube, new, rows)
+    expected_new = [y for row in outputs for y in row]
     # Once the status names the new model, Serve answers with it: every request sent after that.
     after = [flat for uri, flat in answers if uri == new]
     assert after, "no request was sent after modelURI named the new model"
@@ -403,11 +429,21 @@ def test_a_retrained_model_rolls_out_in_place_while_requests_keep_succeeding(
         assert flat == pytest.approx(expected_new, rel=1e-5, abs=1e-6), (
             "modelURI named a model Serve did not serve"
         )
+    assert {uri for uri, _ in answers} <= {old, new}, {uri for uri, _ in answers}
     upgrading = kube.condition(MS, SERVING, "Upgrading")
     assert upgrading["status"] == "False", upgrading
     rs = kube.status(RS, names.rayservice_name(SERVING))
     assert rs["activeServiceStatus"]["rayClusterName"] == cluster_before  # in place: same cluster
-    print(f"rollout: {len(answers)} requests answered, modelURI switched after {time.monotonic() - t0:.0f}s")
+    assert "Promoted" in {e[1] for e in kube.events(RETRAINING)}
+    print(
+        f"schedule: {promoted['job']} promoted ({promoted['value']:g}) and rolled out by itself; "
+        f"{len(answers)} requests answered in {time.monotonic() - t0:.0f}s "
+        f"({len(waiting)} while nothing was promoted yet)"
+    )
+
+
+def promoted_run(kube: Kube) -> str:
+    return kube.status(TS, RETRAINING)["promoted"]["job"]
 
 
 def test_several_models_serve_side_by_side_and_one_rolls_out_alone(real_node, operator, kube: Kube) -> None:
@@ -422,7 +458,8 @@ def test_several_models_serve_side_by_side_and_one_rolls_out_alone(real_node, op
         wait_for(
             lambda: phase(kube, MS, SERVING, "Ready") == "Ready", 300, what="the service from the last test"
         )
-        first, second = (kube.status(TJ, job)["checkpoint"]["model"] for job in (TRAINING, RETRAINED))
+        retrained = promoted_run(kube)
+        first, second = (kube.status(TJ, job)["checkpoint"]["model"] for job in (TRAINING, retrained))
         rows = [[0.02 * (i + 3 * j) for i in range(64)] for j in range(2)]
         rows, out_first = predict_in_pod(cluster, kube, first, rows)
         _, out_second = predict_in_pod(cluster, kube, second, rows)
@@ -450,7 +487,7 @@ def test_several_models_serve_side_by_side_and_one_rolls_out_alone(real_node, op
 
         t0 = time.monotonic()
         kube.patch(MS, SERVING, {"spec": {"model": None, "models": {
-            "first": {"fromTrainingJob": {"name": TRAINING}}, "second": {"fromTrainingJob": {"name": RETRAINED}},
+            "first": {"fromTrainingJob": {"name": TRAINING}}, "second": {"fromTrainingSchedule": {"name": RETRAINING}},
         }}})  # fmt: skip
         wait_for(
             lambda: (
@@ -481,7 +518,7 @@ def test_several_models_serve_side_by_side_and_one_rolls_out_alone(real_node, op
         worker = threading.Thread(target=load, daemon=True)
         worker.start()
         try:
-            kube.patch(MS, SERVING, {"spec": {"models": {"first": {"fromTrainingJob": {"name": RETRAINED}}}}})
+            kube.patch(MS, SERVING, {"spec": {"models": {"first": {"fromTrainingJob": {"name": retrained}}}}})
             wait_for(
                 lambda: models()["first"].get("uri") == second and "targetURI" not in models()["first"],
                 240,
@@ -504,7 +541,29 @@ def test_several_models_serve_side_by_side_and_one_rolls_out_alone(real_node, op
         print(
             f"spec.models: 'first' rolled out in {time.monotonic() - t0:.0f}s; {len(answers)} rounds of requests answered"
         )
+
+        # The schedule's next run, trained meanwhile under the lowered gate, failed it: not promoted,
+        # and "second", which follows the schedule, still serves the promoted run.
+        gate = wait_for(
+            lambda: (
+                (g := kube.status(TS, RETRAINING).get("lastGate") or {}).get("job") not in (None, retrained)
+                and g
+            ),
+            300,
+            what="the gate's verdict on the schedule's next run",
+        )
+        assert gate["passed"] is False and "not below the threshold 0" in gate["message"], gate
+        assert phase(kube, TJ, gate["job"], "Succeeded") == "Succeeded"
+        assert promoted_run(kube) == retrained
+        assert models()["second"].get("uri") == second and "targetURI" not in models()["second"], models()
+        assert predict("second") == pytest.approx(flat_second, rel=1e-5, abs=1e-6)
+        assert "NotPromoted" in {e[1] for e in kube.events(RETRAINING)}
+        print(f"schedule: {gate['message']}: not promoted, not served")
     finally:
+        # no more runs on the node: suspended, and a run already started is deleted (with its cluster)
+        kube.patch(TS, RETRAINING, {"spec": {"suspend": True}})
+        for run in kube.status(TS, RETRAINING).get("active") or []:
+            kube.delete(TJ, run)
         kube.delete(MS, SERVING)  # frees the CPUs for what follows
         wait_for(
             lambda: kube.get(RS, names.rayservice_name(SERVING)) is None, 120, what="the RayService gone"
