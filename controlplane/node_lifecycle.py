@@ -84,21 +84,31 @@ def import_images(npaths: realnode.NodePaths, archives: dict[str, Path]) -> None
         if done.get(ref) == archive.name and ref in have:
             continue
         started = time.monotonic()
-        _drop_superseded(npaths, ref)
-        _ctr(npaths, "images", "import", str(archive))
+        old = _digest(npaths, ref)
+        _ctr(npaths, "images", "import", str(archive))  # ref now names the new build
+        if old != _digest(npaths, ref):  # the same build imported again replaces nothing
+            _drop_superseded(npaths, old)
         done[ref] = archive.name
         record.write_text(json.dumps(done, indent=2))
         log(f"imported {ref} ({archive.stat().st_size / 1e6:.0f} MB) in {time.monotonic() - started:.0f}s")
 
 
-def _drop_superseded(npaths: realnode.NodePaths, ref: str) -> None:
-    """Before a new build of `ref` is imported: remove the image it replaces, under every name it has
-    (the kubelet's CRI adds its ID, `sha256:...`, as a name too), so that containerd's garbage
-    collector frees its content and snapshots. Kept, each rebuild of the workload image left ~13 GB
-    behind in the cache (content and the unpacked snapshot) until the disk was full."""
-    rows = [line.split() for line in _ctr(npaths, "images", "ls").stdout.splitlines()[1:]]
-    digest = next((row[2] for row in rows if row and row[0] == ref), None)
-    names = [row[0] for row in rows if digest is not None and len(row) > 2 and row[2] == digest]
+def _images(npaths: realnode.NodePaths) -> list[list[str]]:
+    return [line.split() for line in _ctr(npaths, "images", "ls").stdout.splitlines()[1:] if line.split()]
+
+
+def _digest(npaths: realnode.NodePaths, ref: str) -> str | None:
+    return next((row[2] for row in _images(npaths) if row[0] == ref and len(row) > 2), None)
+
+
+def _drop_superseded(npaths: realnode.NodePaths, digest: str | None) -> None:
+    """After a new build of an image is imported: remove the build it replaced (`digest`), under every
+    name still on it (the kubelet's CRI adds its ID, `sha256:...`, as a name too), so that containerd's
+    garbage collector frees what only it used. Kept, each rebuild of the workload image left ~13 GB
+    behind in the cache (content and the unpacked snapshot) until the disk was full. Removed only
+    after the import, so that the layers both builds share (all but the last, when only our source
+    changed) stay unpacked and the import unpacks the new layer alone."""
+    names = [row[0] for row in _images(npaths) if digest is not None and len(row) > 2 and row[2] == digest]
     if names:
         _ctr(npaths, "images", "rm", "--sync", *names)
 
