@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from rayship.controller.trainingschedule import TOO_MANY_MISSED, due, next_after
+from rayship.controller.trainingschedule.cron import Due
 
 
 def utc(*parts: int) -> datetime:
@@ -78,3 +79,4 @@ def test_macros_are_due_as_cron_defines_them(schedule: str) -> None:
 
 def test_a_schedule_that_is_never_due_has_no_next_time() -> None:
     assert next_after("0 0 30 2 *", None, utc(2026, 11, 28)) is None  # February 30th
+    assert due("0 0 30 2 *", None, utc(2026, 11, 28), utc(2031, 1, 1)) == Due(None, 0)

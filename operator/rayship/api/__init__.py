@@ -150,6 +150,7 @@ from rayship.api.trainingschedule import (
     TrainingSchedule,
     TrainingScheduleSpec,
     TrainingScheduleStatus,
+    fill_placeholders,
     time_zones,
 )
 from rayship.api.tuning import (
@@ -292,6 +293,7 @@ __all__ = [
     "TRAININGJOBS",
     "MODELSERVICES",
     "TRAININGSCHEDULES",
+    "fill_placeholders",
     "CRON_MACROS",
     "MAX_SCHEDULE_NAME",
     "PLACEHOLDERS",

@@ -246,6 +246,16 @@ def label_keys_rule(field: str) -> CelRule:
     )
 
 
+def name_rule(limit: int = 63, why: str = "") -> CelRule:
+    """On a kind: metadata.name is a DNS-1123 label of at most `limit` characters (`why`: the reason
+    for a limit below 63, said in the message)."""
+    return CelRule(
+        f"self.metadata.name.size() <= {limit} && self.metadata.name.matches('{DNS1123_LABEL_PATTERN}')",
+        f"metadata.name must be a DNS-1123 label: at most {limit} lowercase letters, digits and '-', "
+        "starting and ending with a letter or digit" + (f" ({why})" if why else ""),
+    )
+
+
 NodeSelector = Annotated[
     LabelValues,
     Field(default_factory=dict, description="Extra node labels the worker pods must match."),

@@ -33,6 +33,7 @@ from rayship.api.common import (
     cpu_rule,
     data_uri_rule,
     memory_rule,
+    name_rule,
     no_credentials_rule,
     sub,
 )
@@ -534,13 +535,7 @@ class TrainingJobStatus(ApiModel):
 class TrainingJob(ApiModel):
     """Distributed training (PyTorch DDP or DeepSpeed ZeRO) on a KubeRay RayJob with GPU workers."""
 
-    cel_rules: ClassVar = (
-        CelRule(
-            f"self.metadata.name.size() <= 63 && self.metadata.name.matches('{DNS1123_LABEL_PATTERN}')",
-            "metadata.name must be a DNS-1123 label: at most 63 lowercase letters, digits and '-', "
-            "starting and ending with a letter or digit",
-        ),
-    )
+    cel_rules: ClassVar = (name_rule(),)
     api_version: Literal["rayship.dev/v1alpha1"] = Field(..., alias="apiVersion")
     kind: Literal["TrainingJob"]
     metadata: ObjectMeta

@@ -6,6 +6,7 @@ the CRD refuses an unknown zone at apply time, `rayship render` and the operator
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from functools import cache
 from importlib import resources
 from typing import Any, ClassVar, Literal
@@ -13,7 +14,6 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rayship.api.common import (
-    DNS1123_LABEL_PATTERN,
     INT32_MAX,
     ApiModel,
     CelRule,
@@ -23,6 +23,7 @@ from rayship.api.common import (
     ObjectMeta,
     PrinterColumn,
     label_keys_rule,
+    name_rule,
 )
 from rayship.api.trainingjob import PvcStorage, TrainingJobSpec
 
@@ -88,7 +89,7 @@ class JobTemplate(ApiModel):
         problems = [
             f"jobTemplate.spec.{path}: {found!r} is not a placeholder rayship knows; "
             f"use {' or '.join(PLACEHOLDERS)} (only under data)"
-            for path, found in _placeholders_in(self.spec.wire(), "")
+            for path, found in _placeholders_in(self.spec.wire())
             if found not in PLACEHOLDERS or not path.startswith("data.")
         ]
         if problems:
@@ -96,14 +97,34 @@ class JobTemplate(ApiModel):
         return self
 
 
-def _placeholders_in(node: Any, path: str) -> list[tuple[str, str]]:
+def _map_strings(node: Any, change: Callable[[str, str], str], path: str = "") -> Any:
+    """`node` (a spec as JSON) with each string `s` at `path` (`data.uri`, `x[0]`) as `change(path, s)`."""
     if isinstance(node, str):
-        return [(path, m.group(0)) for m in _PLACEHOLDER.finditer(node)]
+        return change(path, node)
     if isinstance(node, dict):
-        return [f for k, v in node.items() for f in _placeholders_in(v, f"{path}.{k}" if path else k)]
+        return {k: _map_strings(v, change, f"{path}.{k}" if path else k) for k, v in node.items()}
     if isinstance(node, list):
-        return [f for i, v in enumerate(node) for f in _placeholders_in(v, f"{path}[{i}]")]
-    return []
+        return [_map_strings(v, change, f"{path}[{i}]") for i, v in enumerate(node)]
+    return node
+
+
+def _placeholders_in(node: Any) -> list[tuple[str, str]]:
+    """(path, placeholder) of every `{{ ... }}` in the strings of `node`."""
+    found: list[tuple[str, str]] = []
+
+    def collect(path: str, text: str) -> str:
+        found.extend((path, m.group(0)) for m in _PLACEHOLDER.finditer(text))
+        return text
+
+    _map_strings(node, collect)
+    return found
+
+
+def fill_placeholders(node: Any, values: Mapping[str, str]) -> Any:
+    """`node` with each placeholder of `values` (keys of PLACEHOLDERS) replaced by its value."""
+    return _map_strings(
+        node, lambda _, text: _PLACEHOLDER.sub(lambda m: values.get(m.group(0), m.group(0)), text)
+    )
 
 
 class PromotionGate(ApiModel):
@@ -230,11 +251,8 @@ class TrainingSchedule(ApiModel):
     with CronJob's semantics, and a promotion gate ModelServices follow (fromTrainingSchedule)."""
 
     cel_rules: ClassVar = (
-        CelRule(
-            f"self.metadata.name.size() <= {MAX_SCHEDULE_NAME} && "
-            f"self.metadata.name.matches('{DNS1123_LABEL_PATTERN}')",
-            f"metadata.name must be a DNS-1123 label of at most {MAX_SCHEDULE_NAME} characters (each run "
-            "is named <name>-<minutes since 1970>, within a TrainingJob's 63)",
+        name_rule(
+            MAX_SCHEDULE_NAME, "each run is named <name>-<minutes since 1970>, within a TrainingJob's 63"
         ),
     )
     api_version: Literal["rayship.dev/v1alpha1"] = Field(..., alias="apiVersion")

@@ -58,14 +58,17 @@ def next_after(schedule: str, zone_name: str | None, moment: datetime) -> dateti
 
 def due(schedule: str, zone_name: str | None, after: datetime, until: datetime) -> Due:
     """The due times in (after, until]: the most recent, and their count."""
-    if until <= after or next_after(schedule, zone_name, after) is None:
+    if until <= after:
         return Due(None, 0)
     tz = zone(zone_name)
     forward = croniter(schedule, after.astimezone(tz))
     count, latest = 0, None
-    while count <= TOO_MANY_MISSED and (found := forward.get_next(datetime)) <= until:
-        if _on_the_wall(schedule, found):
-            count, latest = count + 1, found
+    try:
+        while count <= TOO_MANY_MISSED and (found := forward.get_next(datetime)) <= until:
+            if _on_the_wall(schedule, found):
+                count, latest = count + 1, found
+    except CroniterBadDateError:  # a date that never comes (February 30th): nothing is due
+        return Due(None, 0)
     if count <= TOO_MANY_MISSED:
         return Due(latest.astimezone(UTC) if latest else None, count)
     # Too many to walk: the latest is found walking back from `until` (a second past it: croniter's

@@ -292,7 +292,7 @@ def build_run(obj: api.TrainingSchedule, ts: Mapping[str, Any], due: datetime) -
     }
     spec = template.spec.wire()
     if "data" in spec:
-        spec["data"] = _substituted(spec["data"], values)
+        spec["data"] = api.fill_placeholders(spec["data"], values)
     extra = template.metadata or api.JobTemplateMeta()
     return {
         "apiVersion": api.API_VERSION,
@@ -315,15 +315,3 @@ def build_run(obj: api.TrainingSchedule, ts: Mapping[str, Any], due: datetime) -
         },
         "spec": spec,
     }
-
-
-def _substituted(node: Any, values: Mapping[str, str]) -> Any:
-    if isinstance(node, str):
-        for placeholder, value in values.items():
-            node = node.replace(placeholder, value)
-        return node
-    if isinstance(node, dict):
-        return {k: _substituted(v, values) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_substituted(v, values) for v in node]
-    return node
