@@ -233,6 +233,10 @@ def test_ddp_trains_across_two_worker_pods_and_resumes_when_one_is_deleted(
     # figures the RayJob's own times x the CPUs the pods requested.
     (only,) = status["attempts"]
     assert (only["attempt"], only["outcome"], only["reachedEpoch"]) == (1, "Succeeded", epochs_in_all), only
+    # the worker pod taken away and its replacement, in the attempt's record: 2 ready, fewer, 2 again
+    ready = [change["readyWorkers"] for change in only.get("workerChanges") or []]
+    dips = [i for i, count in enumerate(ready) if count < 2 and 2 in ready[:i]]
+    assert dips and ready[-1] == 2, only
     assert (only["startTime"], only["endTime"]) == (rayjob["startTime"], rayjob["endTime"]), (only, rayjob)
     spec = kube.get(TJ, TRAINING)["spec"]
     cpus = spec["head"]["cpus"] + spec["workers"]["replicas"] * spec["workers"]["cpusPerWorker"]
@@ -262,6 +266,7 @@ def test_ddp_trains_across_two_worker_pods_and_resumes_when_one_is_deleted(
     print(
         f"training on real pods: first epoch {first_epoch:.0f}s after apply; worker deleted after epoch "
         f"{deleted_at} (checkpoints {checkpoints()}), epochs seen {epochs}; worker group sizes {sizes}; "
+        f"ready workers {ready}; "
         f"Succeeded in {time.monotonic() - t0:.0f}s"
     )
 
@@ -561,7 +566,13 @@ def test_several_models_serve_side_by_side_and_one_rolls_out_alone(real_node, op
         print(f"schedule: {gate['message']}: not promoted, not served")
     finally:
         # no more runs on the node: suspended, and a run already started is deleted (with its cluster)
+        # (status.active read once the operator said Suspended: a run it made just before is in it)
         kube.patch(TS, RETRAINING, {"spec": {"suspend": True}})
+        wait_for(
+            lambda: kube.condition(TS, RETRAINING, "Scheduling").get("reason") == "Suspended",
+            60,
+            what="Suspended",
+        )
         for run in kube.status(TS, RETRAINING).get("active") or []:
             kube.delete(TJ, run)
         kube.delete(MS, SERVING)  # frees the CPUs for what follows

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from rayship import api
+from rayship.api.trainingjob import AttemptStatus
 from rayship.controller import trainingjob
 from rayship.controller.conditions import owned_changes
 from rayship.controller.trainingjob import Observation, derive
@@ -422,6 +423,26 @@ def test_a_job_killed_twice_has_three_attempts_on_record_whose_figures_add_up_to
         obs({"metadata": {"name": "rj"}, "status": passes[-1][1]}, current, gpus=2, cpus=2.5), t[7]
     )
     assert again["attempts"] == record
+
+
+def test_an_attempt_records_each_change_of_its_ready_worker_count() -> None:
+    """Issue 35: a worker pod taken away and given back shows in the attempt's record (an elastic job
+    trains on with fewer); a count seen again unchanged adds nothing; the record outlives the run."""
+    t = [NOW + timedelta(seconds=s) for s in (0, 10, 20, 30, 40, 50)]
+    running = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "startTime": rfc(t[0])}
+    current: dict = {}
+    for i, ready in enumerate((2, 2, 1, 1, 2)):
+        rj = {**running, "rayClusterStatus": {"readyWorkerReplicas": ready, "desiredWorkerReplicas": 2}}
+        current = derive(obs({"metadata": {"name": "rj"}, "status": rj}, current, gpus=2, cpus=2.5), t[i])
+    done = {**running, "jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED", "endTime": rfc(t[5])}
+    current = derive(obs({"metadata": {"name": "rj"}, "status": done}, current, gpus=2, cpus=2.5), t[5])
+    (attempt,) = current["attempts"]
+    assert attempt["outcome"] == "Succeeded" and attempt["workerChanges"] == [
+        {"time": rfc(t[0]), "readyWorkers": 2},
+        {"time": rfc(t[2]), "readyWorkers": 1},
+        {"time": rfc(t[4]), "readyWorkers": 2},
+    ]
+    AttemptStatus.model_validate(attempt)  # what the CRD's schema (generated from it) takes
 
 
 def test_only_the_last_20_attempts_are_kept() -> None:

@@ -115,6 +115,7 @@ from rayship.api.trainer import (
 )
 from rayship.api.trainingjob import (
     DATA_FORMATS,
+    MAX_WORKER_CHANGES,
     TERMINAL_PHASES,
     TRAINING_JOB,
     CheckpointSpec,
@@ -134,6 +135,7 @@ from rayship.api.trainingjob import (
     TrainingJobStatus,
     TuningStatus,
     ValidationDataSpec,
+    WorkerChange,
     WorkersSpec,
 )
 from rayship.api.trainingschedule import (
@@ -293,6 +295,8 @@ __all__ = [
     "TRAININGJOBS",
     "MODELSERVICES",
     "TRAININGSCHEDULES",
+    "MAX_WORKER_CHANGES",
+    "WorkerChange",
     "fill_placeholders",
     "CRON_MACROS",
     "MAX_SCHEDULE_NAME",

@@ -43,6 +43,9 @@ from rayship.api.tuning import TuningSpec
 DATA_FORMATS = Literal["parquet", "csv", "jsonl"]
 
 
+MAX_WORKER_CHANGES = 20  # per attempt: a flapping node cannot grow the status without bound
+
+
 class ValidationDataSpec(ApiModel):
     """Held-out data evaluated after every epoch (`evalLoss`, and `perplexity` for causal-lm)."""
 
@@ -455,6 +458,13 @@ class LastError(ApiModel):
     time: str | None = Field(None, description="When the operator saw it (RFC 3339).")
 
 
+class WorkerChange(ApiModel):
+    """The ready worker count of an attempt's Ray cluster, from a time on."""
+
+    time: str = Field(..., description="When the operator saw it (RFC 3339).")
+    ready_workers: int = Field(..., ge=0, description="Worker pods KubeRay counted ready.")
+
+
 class AttemptStatus(ApiModel):
     """One attempt of the job: each runs on a new Ray cluster (KubeRay's retries)."""
 
@@ -472,6 +482,13 @@ class AttemptStatus(ApiModel):
     gpu_seconds: float | None = Field(None, ge=0, description="GPUs requested x its running time.")
     cpu_seconds: float | None = Field(
         None, ge=0, description="CPUs requested (head and workers) x its running time."
+    )
+    worker_changes: list[WorkerChange] = Field(
+        default_factory=list,
+        max_length=MAX_WORKER_CHANGES,
+        description="Each change of its ready worker count while it ran: a worker pod lost (a spot "
+        "reclaim, a drain) and back; an elastic job (workers.minReplicas) trains on with fewer. The "
+        f"first is the count it started with; the last {MAX_WORKER_CHANGES} are kept.",
     )
 
 

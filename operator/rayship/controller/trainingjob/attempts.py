@@ -32,9 +32,11 @@ def accounted(
     attempt: int | None,
     rates: tuple[float, float],
     now: datetime,
+    ready: int | None = None,
 ) -> dict[str, Any]:
     """status.attempts after this observation, with gpuSeconds/cpuSeconds (and their hours, and the
-    part of closed attempts). `rates`: the GPUs and the CPUs the job's Ray pods request."""
+    part of closed attempts). `rates`: the GPUs and the CPUs the job's Ray pods request; `ready`: the
+    ready worker count while it runs (None: not known)."""
     kept = [dict(a) for a in current.get("attempts") or [] if isinstance(a, Mapping)]
     closed_now: list[dict[str, Any]] = []
     start = parse_time(rayjob_status.get("startTime"))
@@ -58,6 +60,7 @@ def accounted(
                 closed_now.append(_close(last, now, "Suspended", "Suspended", progress, rates))
             else:
                 _measure(last, now, progress, rates)
+                _note_workers(last, ready, now)
                 if reason in ATTEMPT_FAILED_REASONS:
                     # Failed; its cluster goes and the next attempt's comes: counted until the next
                     # one starts, and closed then.
@@ -89,6 +92,16 @@ def _measure(
         entry["reachedEpoch"] = progress["epoch"]
     if progress.get("resumedFromEpoch") is not None:
         entry["resumedFromEpoch"] = progress["resumedFromEpoch"]
+
+
+def _note_workers(entry: dict[str, Any], ready: int | None, now: datetime) -> None:
+    """A change of the ready worker count while the attempt runs, on record (as seen: a dip shorter
+    than the time between two observations is not)."""
+    changes = list(entry.get("workerChanges") or [])
+    if ready is None or (changes and changes[-1].get("readyWorkers") == ready):
+        return
+    changes.append({"time": rfc3339(now), "readyWorkers": ready})
+    entry["workerChanges"] = changes[-api.MAX_WORKER_CHANGES :]
 
 
 def _close(

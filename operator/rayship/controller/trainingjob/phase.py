@@ -318,7 +318,10 @@ def _rayjob_fields(
         out["readyWorkers"] = ready if phase == "Running" and isinstance(ready, int) else None
     if obs.gpus is not None:
         out["gpus"] = obs.gpus
-        out.update(accounted(obs.current, rj, phase, reason, out.get("attempt"), (obs.gpus, obs.cpus), now))
+        rates = (obs.gpus, obs.cpus)
+        out.update(
+            accounted(obs.current, rj, phase, reason, out.get("attempt"), rates, now, out.get("readyWorkers"))
+        )
     return out
 
 
