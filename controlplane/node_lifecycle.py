@@ -79,7 +79,7 @@ def import_images(npaths: realnode.NodePaths, archives: dict[str, Path]) -> None
     """`ctr images import` each archive not imported yet (containerd's root outlives the cluster)."""
     record = npaths.cache / "imported.json"
     done = json.loads(record.read_text()) if record.exists() else {}
-    have = set(_ctr(npaths, "images", "ls", "-q").stdout.split())
+    have = {row[0] for row in _images(npaths)}
     for ref, archive in archives.items():
         if done.get(ref) == archive.name and ref in have:
             continue

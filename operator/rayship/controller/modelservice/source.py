@@ -19,6 +19,11 @@ class Resolution:
     volume: api.PvcStorage | None = None  # the PVC the model is read from (mounted read-only)
 
 
+def _still_serving(served: str, volume: api.PvcStorage | None, reason: str, why: str) -> Resolution:
+    """The model Serve was last confirmed to serve, kept while its source cannot give one (`why`)."""
+    return Resolution(served, reason, f"{why}; still serving {served}", volume)
+
+
 def _job_volume(trainingjob: Mapping[str, Any]) -> api.PvcStorage | None:
     """The checkpoint PVC of a TrainingJob, where its exported model lives."""
     pvc = ((trainingjob.get("spec") or {}).get("checkpoint") or {}).get("storage", {}).get("pvc")
@@ -51,11 +56,8 @@ def resolve_source(
     assert ref is not None  # the API guarantees exactly one source
     if trainingjob is None:
         if served:
-            return Resolution(
-                served,
-                "TrainingJobDeleted",
-                f"TrainingJob {ref.name} was deleted; still serving {served}",
-                served_volume,
+            return _still_serving(
+                served, served_volume, "TrainingJobDeleted", f"TrainingJob {ref.name} was deleted"
             )
         return Resolution(None, "TrainingJobNotFound", f"TrainingJob {ref.name} does not exist (yet)")
     tj_status = trainingjob.get("status") or {}
@@ -63,8 +65,7 @@ def resolve_source(
     if phase != "Succeeded":
         reason = "TrainingJobFailed" if phase in ("Failed", "Invalid") else "TrainingJobNotSucceeded"
         if served:
-            message = f"TrainingJob {ref.name} is {phase}; still serving {served}"
-            return Resolution(served, reason, message, served_volume)
+            return _still_serving(served, served_volume, reason, f"TrainingJob {ref.name} is {phase}")
         return Resolution(None, reason, f"waiting for TrainingJob {ref.name} to succeed (it is {phase})")
     recipe = ((trainingjob.get("spec") or {}).get("trainer") or {}).get("recipe")
     if engine == "vllm" and recipe == "mlp":
@@ -102,12 +103,7 @@ def _from_schedule(
     what = f"TrainingSchedule {ref.name}"
     if schedule is None:
         if served:
-            return Resolution(
-                served,
-                "TrainingScheduleDeleted",
-                f"{what} was deleted; still serving {served}",
-                served_volume,
-            )
+            return _still_serving(served, served_volume, "TrainingScheduleDeleted", f"{what} was deleted")
         return Resolution(None, "TrainingScheduleNotFound", f"{what} does not exist (yet)")
     promoted = (schedule.get("status") or {}).get("promoted") or {}
     if not promoted.get("job"):
@@ -115,7 +111,7 @@ def _from_schedule(
         # (as a TrainingJob not yet succeeded does): switching never takes it down.
         waiting = f"waiting for {what} to promote a run (none has passed its gate yet)"
         if served:
-            return Resolution(served, "NothingPromoted", f"{waiting}; still serving {served}", served_volume)
+            return _still_serving(served, served_volume, "NothingPromoted", waiting)
         return Resolution(None, "NothingPromoted", waiting)
     template = ((schedule.get("spec") or {}).get("jobTemplate") or {}).get("spec") or {}
     if engine == "vllm" and (template.get("trainer") or {}).get("recipe") == "mlp":
