@@ -84,6 +84,22 @@ def test_a_rayjob_recorded_before_every_string_was_digested_reads_unedited() -> 
     assert plan(doc, rayjob, None, CONFIG).context.unapplied == ("trainer.config.note",)
 
 
+def test_a_field_added_to_the_api_since_the_launch_is_no_edit_at_its_default() -> None:
+    """A RayJob launched by an operator before `workers.terminationGracePeriodSeconds` existed (its
+    record lacks it) reads unedited after the upgrade; the field set to another value is an edit."""
+    doc = trainingjob()
+    rayjob = launched(doc)
+    record = json.loads(rayjob["metadata"]["annotations"][names.ANNOTATION_SPEC])
+    del record["workers"]["terminationGracePeriodSeconds"]
+    rayjob["metadata"]["annotations"][names.ANNOTATION_SPEC] = json.dumps(record)
+    assert plan(doc, rayjob, None, CONFIG).context.unapplied == ()
+    doc["spec"]["workers"]["terminationGracePeriodSeconds"] = 120
+    assert plan(doc, rayjob, None, CONFIG).context.unapplied == ("workers.terminationGracePeriodSeconds",)
+    del record["workers"]  # a whole section missing is still an edit: not a field added since
+    rayjob["metadata"]["annotations"][names.ANNOTATION_SPEC] = json.dumps(record)
+    assert plan(doc, rayjob, None, CONFIG).context.unapplied == ("workers",)
+
+
 def test_other_edits_are_reported_not_applied() -> None:
     doc = trainingjob()
     rayjob = launched(doc)

@@ -121,6 +121,25 @@ def test_an_elastic_worker_group_keeps_replicas_pods_and_allows_down_to_min_repl
     assert rayjob_violations(rayjob) == []
 
 
+@pytest.mark.parametrize(("grace", "drain"), [(None, "25"), (10, "5"), (120, "115"), (6, "3"), (0, "0")])
+def test_rays_drain_on_sigterm_ends_before_the_kubelets_kill(grace: int | None, drain: str) -> None:
+    """A worker pod taken away with notice: Ray's drain deadline (Ray Train restarts the group there,
+    a preemption) comes before the kill at the pod's grace period, which the spec sets."""
+    doc = load(SAMPLES / "trainingjob-ddp.yaml")
+    if grace is not None:
+        doc["spec"]["workers"]["terminationGracePeriodSeconds"] = grace
+    (rayjob,) = [
+        o for o in trainingjob.render_trainingjob(parse_trainingjob(doc), CONFIG) if o["kind"] == "RayJob"
+    ]
+    worker = worker_group(rayjob)["template"]["spec"]
+    assert worker["terminationGracePeriodSeconds"] == (30 if grace is None else grace)
+    env = {e["name"]: e.get("value") for e in worker["containers"][0]["env"]}
+    assert env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == drain
+    assert env["RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"] == "1"
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert {"name": "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "value": "1"} in head["env"]
+
+
 def test_gpu_product_selects_nodes_and_extra_placement_is_kept() -> None:
     rayjob = rendered(Path(__file__).parent / "specs" / "deepspeed-zero3-s3.yaml")
     spec = worker_group(rayjob)["template"]["spec"]

@@ -540,6 +540,50 @@ def test_a_run_that_stopped_early_trains_no_further_when_resumed_longer(tmp_path
         )  # type: ignore[arg-type]
 
 
+def test_an_epoch_that_ends_while_a_node_is_drained_is_saved_whatever_every_epochs(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """No Ray run: when Ray Train says a node of the group is being drained (a preemption), every rank
+    saves the epoch that just ended, though checkpoint.everyEpochs would skip it."""
+    import torch
+    from ray.train import PreemptionInfo
+
+    from rayship_workloads.recipes import loop
+
+    class Context:
+        def get_world_rank(self) -> int:
+            return 0
+
+        def get_world_size(self) -> int:
+            return 2
+
+    drained = {3, 4}  # epochs after which a drain is seen
+    epoch = iter(range(1, 100))
+    info = PreemptionInfo(deadline_ms=None, preempted_node_to_ranks={"node-b": [1]})
+    monkeypatch.setattr(loop.ray.train, "get_context", Context)
+    monkeypatch.setattr(
+        loop.ray.train, "get_preemption_info", lambda: info if next(epoch) in drained else None
+    )
+    saved: list[tuple[int, bool]] = []
+    monkeypatch.setattr(loop, "report", lambda *_, epoch, save, **__: saved.append((epoch, save)))
+
+    class Step:
+        def step(self, loss: torch.Tensor) -> None:
+            pass
+
+    doc = spec(tmp_path, **{"trainer.epochs": 6, "checkpoint.everyEpochs": 5})
+    loop.run_epochs(
+        Step(),
+        doc.spec,
+        None,
+        start=loop.Start(0, 0),
+        losses=lambda: iter([torch.tensor(1.0)]),
+        on_epoch_end=None,
+    )  # type: ignore[arg-type]
+    assert saved == [(1, False), (2, False), (3, True), (4, True), (5, True), (6, True)]
+    assert "rank 0: ranks [1] are being preempted: checkpoint after epoch 3" in capsys.readouterr().out
+
+
 def test_rayship_run_tracks_to_a_sqlite_store_beside_the_run_and_a_cluster_needs_a_server(
     tmp_path: Path,
 ) -> None:
@@ -625,7 +669,7 @@ def test_run_with_missing_data_names_the_field(ray_session, tmp_path: Path, caps
 @pytest.mark.parametrize(
     ("workers", "preemptions", "num_workers", "max_preemption_failures"),
     [
-        ({"replicas": 3, "minReplicas": 2}, None, (2, 3), -1),
+        ({"replicas": 3, "minReplicas": 2, "resizeIntervalSeconds": 15}, None, (2, 3), -1),
         ({"replicas": 3}, 5, 3, 5),
         ({"replicas": 2, "minReplicas": 2}, 0, 2, 0),  # min == max: a fixed size
     ],
@@ -640,6 +684,9 @@ def test_elastic_workers_and_preemptions_reach_ray_train(
         changes["failurePolicy.maxPreemptions"] = preemptions
     trainer, _ = train.build_trainer(spec(tmp_path, **changes), storage_root=str(tmp_path / "store"))
     assert trainer.scaling_config.num_workers == num_workers
+    assert trainer.scaling_config.elastic_resize_monitor_interval_s == workers.get(
+        "resizeIntervalSeconds", 60
+    )
     failure = trainer.run_config.failure_config
     assert failure.max_preemption_failures == max_preemption_failures
     assert failure.max_failures == 3  # failurePolicy.maxWorkerFailures, counted apart

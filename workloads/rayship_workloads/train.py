@@ -143,6 +143,13 @@ def _logged(loop: recipes.TrainLoop, config: dict[str, Any]) -> Any:
     return loop(config)
 
 
+# Ray Train restarts a preempted group this long before the drain's deadline. At the deadline itself
+# Ray's node stops its raylet, whose death is recorded as "received SIGTERM", not as the drain: when
+# Ray Train saw that death (and the other ranks' collective errors) before its own deadline check, it
+# counted a worker failure. Seen on real pods with a 10 s grace period (a 5 s drain).
+PREEMPTION_LEAD_S = 3.0
+
+
 def worker_range(workers: api.WorkersSpec) -> int | tuple[int, int]:
     """Ray Train's num_workers: (minReplicas, replicas) for an elastic job (it goes on with fewer
     workers when pods are taken away, and grows back), else the fixed replicas."""
@@ -177,14 +184,19 @@ def build_trainer(
         functools.partial(_logged, loop_for(spec.trainer)),
         train_loop_config=prepared.loop_config(tj, handoff),
         scaling_config=ScalingConfig(
-            num_workers=worker_range(workers), use_gpu=gpus > 0, resources_per_worker=resources
+            num_workers=worker_range(workers),
+            use_gpu=gpus > 0,
+            resources_per_worker=resources,
+            elastic_resize_monitor_interval_s=workers.resize_interval_seconds,
         ),
         run_config=RunConfig(
             name=prepared.run_name,
             storage_path=storage_root,
             checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint.keep),
             failure_config=FailureConfig(
-                max_failures=failures, max_preemption_failures=-1 if preemptions is None else preemptions
+                max_failures=failures,
+                max_preemption_failures=-1 if preemptions is None else preemptions,
+                preemption_grace_s=-PREEMPTION_LEAD_S,
             ),
             logging_config=LoggingConfig(log_level="WARNING") if quiet else None,
             callbacks=list(callbacks),

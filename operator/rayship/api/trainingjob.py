@@ -137,7 +137,17 @@ class WorkersSpec(ApiModel):
         "away (a spot reclaim, a drain); it grows back to replicas as pods return (Ray Train's "
         "num_workers=(minReplicas, replicas)). Unset: a fixed size of replicas.",
     )
+    resize_interval_seconds: float = Field(
+        60, ge=1, le=86_400, description="Elastic training: how often a job short of replicas workers "
+        "looks for returned pods to grow back to, restarting from the latest checkpoint (Ray Train's "
+        "elastic_resize_monitor_interval_s).",
+    )  # fmt: skip
     gpus_per_worker: int = Field(1, ge=0, le=16, description="GPUs per worker pod (0 trains on CPU).")
+    termination_grace_period_seconds: int = Field(
+        30, ge=0, le=86_400, description="A worker pod's time from SIGTERM (a drain, a spot reclaim) to "
+        "its kill. Ray drains the node until 5 s before it (half of it under 10 s): ranks checkpoint the "
+        "epoch in which they learn of it; Ray Train restarts from the latest checkpoint at the deadline.",
+    )  # fmt: skip
     cpus_per_worker: float = Field(
         4, ge=0.001, le=1024, description="CPU cores per worker pod (at least 1m)."
     )

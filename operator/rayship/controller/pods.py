@@ -77,6 +77,22 @@ def container_env(ref: str, gpus: int, user_env: list[api.EnvVar], ref_var: str)
 Volumes = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # (pod volumes, container volumeMounts)
 
 
+DRAIN_MARGIN_S = 5  # after Ray's drain deadline: Ray Train tears the group down, the raylet stops
+
+
+def drain_env(grace_seconds: int) -> dict[str, str]:
+    """Ray's drain on SIGTERM ends before the kubelet's kill at the pod's grace period: at its
+    deadline Ray Train restarts the group from the latest checkpoint, a preemption. Ray's default
+    (30 s) equals Kubernetes' default grace, so the kill raced the restart and a rank's death could
+    count as a worker failure."""
+    drain = grace_seconds - DRAIN_MARGIN_S if grace_seconds >= 2 * DRAIN_MARGIN_S else grace_seconds / 2
+    return {"name": names.ENV_RAY_DRAIN_TIMEOUT, "value": f"{drain:g}"}
+
+
+# Ray Train looks for drains every second (default 5 s): a short notice is seen within it.
+PREEMPTION_POLL_ENV = {"name": names.ENV_RAY_TRAIN_PREEMPTION_POLL, "value": "1"}
+
+
 def pvc_volume(name: str, pvc: api.PvcStorage, *, read_only: bool = False) -> Volumes:
     """A PersistentVolumeClaim mounted at its mountPath (read-only where the pod only reads)."""
     claim: dict[str, Any] = {"claimName": pvc.claim_name}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,6 +265,24 @@ class EarlyStopping:
         return {"best": self.best, "wait": self.wait, "stopped": self.stopped}
 
 
+def preempted(rank: int, epoch: int) -> bool:
+    """Whether a node of this worker group is being drained (a pod deleted with a grace period, a spot
+    reclaim): Ray Train restarts the group at the drain's deadline, so the epoch just trained is saved
+    now rather than lost. Every rank calls it after every epoch: Ray Train agrees one answer on all."""
+    info = ray.train.get_preemption_info()
+    if info is None:
+        return False
+    left = (
+        ""
+        if info.deadline_ms is None
+        else f", {info.deadline_ms / 1000 - time.time():.0f}s before its deadline"
+    )
+    podlog.say(
+        f"rank {rank}: ranks {info.preempted_ranks} are being preempted{left}: checkpoint after epoch {epoch}"
+    )
+    return True
+
+
 def run_epochs(
     strategy: Strategy,
     spec: api.TrainingJobSpec,
@@ -298,7 +317,8 @@ def run_epochs(
         stop = stopping is not None and stopping.update(metrics) and epoch < epochs
         if stop:
             metrics[STOPPED_EARLY] = True
-        save = epoch % every == 0 or epoch == epochs or stop
+        # every rank asks (it is a barrier): a preemption seen saves this epoch, whatever everyEpochs
+        save = preempted(rank, epoch) or epoch % every == 0 or epoch == epochs or stop
         report(strategy, run, epoch=epoch, step=step, metrics=metrics, save=save, early_stopping=stopping)
         podlog.say(f"rank {rank} epoch {epoch}/{epochs} loss {metrics['loss']:.6g}")
         if on_epoch_end is not None:

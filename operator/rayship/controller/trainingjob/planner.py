@@ -47,6 +47,31 @@ def spec_edits(applied: Any, desired: Any, prefix: str = "") -> list[str]:
     return [] if applied == desired else [prefix.rstrip(".")]
 
 
+def added_with_default(launched: Mapping[str, Any], path: str, wanted: Mapping[str, Any]) -> bool:
+    """Whether `path` is a field the launch's record lacks (added to the API since) and that has its
+    default: a field is added with the default that keeps what launches did before it, so no edit."""
+    record: Any = launched
+    model: Any = api.TrainingJobSpec
+    for key in path.split("."):
+        if not isinstance(record, Mapping) or model is None:
+            return False
+        if key not in record:
+            break
+        record = record[key]
+        field = next((f for n, f in model.model_fields.items() if (f.alias or n) == key), None)
+        model = field.annotation if field and isinstance(field.annotation, type) else None
+    else:
+        return False  # recorded: a real edit
+    field = next((f for n, f in model.model_fields.items() if (f.alias or n) == key), None) if model else None
+    if field is None or field.is_required():
+        return False
+    default = field.get_default(call_default_factory=True)
+    value: Any = wanted
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return bool(value == default)
+
+
 def applied_spec(rayjob: Mapping[str, Any]) -> dict[str, Any] | None:
     """The launched spec as recorded, in today's form: a record from before every string was
     digested (only env values were) reads the same once digested."""
@@ -112,7 +137,7 @@ def _edits(tj: api.TrainingJob, rayjob: Mapping[str, Any], rayjob_name: str, obs
     wanted = json.loads(applied_record(tj.spec.wire()))  # compared as recorded: env values digested
     if launched is None:  # not rendered by rayship: report, never overwrite
         return Plan(rayjob_name, context=replace(observed, unapplied=("(RayJob not managed by rayship)",)))
-    edits = spec_edits(launched, wanted)
+    edits = [p for p in spec_edits(launched, wanted) if not added_with_default(launched, p, wanted)]
     # Under a Kueue queue, Kueue owns the RayJob's spec.suspend (admission): never fight it.
     mutable = [p for p in edits if p in MUTABLE_FIELDS and not tj.spec.scheduling.queue]
     patch = None

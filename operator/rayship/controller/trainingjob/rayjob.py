@@ -196,6 +196,13 @@ def _pod_templates(
         names.WORKER_CONTAINER, workers.cpus_per_worker, workers.memory_per_worker, workers.gpus_per_worker,
         checkpoints, node_selector=selector, tolerations=tolerations,
     )  # fmt: skip
+    # A worker pod taken away with notice (a drain, a spot reclaim) is a preemption Ray Train
+    # recovers from: Ray's drain ends before the kill. The head, where Ray Train's controller
+    # watches for drains, polls as often.
+    grace = workers.termination_grace_period_seconds
+    worker["spec"]["terminationGracePeriodSeconds"] = grace
+    worker["spec"]["containers"][0]["env"] += [pods.drain_env(grace), dict(pods.PREEMPTION_POLL_ENV)]
+    head["spec"]["containers"][0]["env"].append(dict(pods.PREEMPTION_POLL_ENV))
     return head, worker
 
 
