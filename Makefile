@@ -183,7 +183,7 @@ cluster-down: ## stop everything cluster-up started, remove its network namespac
 test-controlplane: setup cluster-build ## the control-plane tests (reuse a running cluster, or start and stop one)
 	$(PYTEST) -q -m controlplane tests/controlplane
 
-e2e-local: setup cluster-build node-deps images ## end to end on real pods (the real node real-0): train across two worker pods, serve, roll out, fail, resume (~15 min)
+e2e-local: setup cluster-build node-deps images ## end to end on real pods (the real node real-0): train across three worker pods (one taken away and back), serve, roll out, fail, resume (~15 min)
 	flock /tmp/rayship-ray.lock $(PYTEST) -q -s -m realpods tests/e2e
 
 ##@ Benchmarks

@@ -3,7 +3,7 @@
 
 kubectl apply -> the rayship operator (the chart's pod on real-0, as the chart's ServiceAccount) ->
 RayJob / RayService -> the real KubeRay -> a Ray head and worker pods from the workload image ->
-DDP across two worker pods over the pod network, checkpoints on the PVC, Serve answering through its
+DDP across three worker pods over the pod network (elastic: one taken away and back), checkpoints on the PVC, Serve answering through its
 Service -> statuses from KubeRay's own. The scenarios share one namespace (its pods run on real-0)
 and run in order: the service serves the model the training exported to the PVC.
 
@@ -37,6 +37,7 @@ pytestmark = [pytest.mark.realpods, pytest.mark.timeout(600)]
 
 TJ, MS, RJ, RS = api.TRAININGJOBS, api.MODELSERVICES, api.RAYJOBS, api.RAYSERVICES
 TRAINING, SERVING = "mlp-cpu", "mlp-cpu"  # the samples' names
+UNDISTURBED = "mlp-cpu-undisturbed"  # the elastic job's twin that nothing disturbs
 RETRAINING = "retrain"  # the TrainingSchedule whose promoted run the service rolls out to
 TS = api.TRAININGSCHEDULES
 CLAIM = "rayship-checkpoints"
@@ -48,6 +49,7 @@ SMALL_TRAINING = {
     "ttlSecondsAfterFinished": 5,  # the finished job's Ray cluster frees the node soon
 }
 SAMPLE_TRAINER = yaml.safe_load((SAMPLES / "kind-trainingjob-cpu.yaml").read_text())["spec"]["trainer"]
+SAMPLE_CHECKPOINT = yaml.safe_load((SAMPLES / "kind-trainingjob-cpu.yaml").read_text())["spec"]["checkpoint"]
 SMALL_SERVICE = {
     "head": {"cpus": 0.25, "memory": "3Gi"},
     "resources": {"gpus": 0, "cpus": 0.5, "memory": "2Gi"},
@@ -75,10 +77,13 @@ def operator(real_node, api) -> Iterator[Any]:
     assert not refused, "the operator made requests its RBAC refuses:\n" + "\n".join(refused[:20])
 
 
-def apply(cluster, kube: Kube, sample: str, **spec: Any) -> dict[str, Any]:
-    """`kubectl apply` a sample into the test namespace (spec fields replaced by `spec`)."""
+def apply(cluster, kube: Kube, sample: str, name: str | None = None, **spec: Any) -> dict[str, Any]:
+    """`kubectl apply` a sample into the test namespace (spec fields replaced by `spec`; `name`
+    instead of the sample's)."""
     doc = yaml.safe_load((SAMPLES / sample).read_text())
     doc["metadata"]["namespace"] = kube.namespace
+    if name:
+        doc["metadata"]["name"] = name
     doc["spec"].update(spec)
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
     return doc
@@ -131,28 +136,44 @@ def phase(kube: Kube, resource: api.Resource, name: str, *finals: str) -> str:
     return found
 
 
-def test_ddp_trains_across_two_worker_pods_and_resumes_when_one_is_deleted(
+def test_ddp_trains_across_three_worker_pods_shrinks_to_two_and_grows_back(
     real_node, operator, kube: Kube
 ) -> None:
-    """Scenarios 1 and 5 on one job: a head and two worker pods from the workload image on real-0;
-    DDP's two ranks, one in each worker pod, talk over the pod network; each worker pod's `kubectl
-    logs` names its rank. Then a worker pod is deleted mid-training (as a lost node would take it):
-    Ray Train loses a rank, KubeRay makes a new worker pod, and the training goes on from the latest
-    checkpoint on the PVC (never from scratch); the status says from which epoch, and `Succeeded`
-    comes from KubeRay's status.
-
-    The job is elastic (workers.minReplicas 1 of 2) and the pod is deleted with a grace period, as a
-    spot reclaim or a drain takes it: Ray's node drains on SIGTERM, Ray Train sees a preemption (not a
-    worker failure: failurePolicy.maxPreemptions, unlimited, apart from maxWorkerFailures), trains on
-    until the drain's deadline and restarts from the latest checkpoint, with the workers that are
-    ready (1 or 2)."""
+    """Scenarios 1 and 5 on one elastic job (workers.minReplicas 2 of 3): a head and three worker pods
+    from the workload image on real-0; DDP's ranks, one in each worker pod, talk over the pod network;
+    each worker pod's `kubectl logs` names its rank. Then a worker pod is taken away mid-training as
+    a drain or a spot reclaim takes it: deleted with its own grace period (workers.
+    terminationGracePeriodSeconds: 20 s), while the node is cordoned so its replacement cannot start.
+    Ray drains the pod's node until 5 s before the kill; the ranks learn of it and save each epoch that
+    ends meanwhile; Ray Train restarts from the latest checkpoint on the PVC just before the deadline
+    (a preemption: retried without limit, apart from maxWorkerFailures) with the two workers left, and
+    trains on. Uncordoned, the replacement pod starts and Ray Train grows back to three (workers.
+    resizeIntervalSeconds). One attempt on record, its ready workers 3, 2, 3; `Succeeded` from KubeRay's
+    status; its final loss in the band of the same job undisturbed, trained beside it."""
     cluster = real_node
     t0 = time.monotonic()
-    epochs_in_all = 8  # deleted after epoch 2 or 3, then the grace period: the rest after a restart
-    # epochs of a few seconds: the progress shows while Running, and the deletion lands between two
-    elastic = dict(SMALL_TRAINING["workers"], minReplicas=1)
-    apply(cluster, kube, "kind-trainingjob-cpu.yaml", **dict(SMALL_TRAINING, workers=elastic),
-          trainer=dict(SAMPLE_TRAINER, epochs=epochs_in_all), data={"source": "synthetic", "samples": 16384})  # fmt: skip
+    # ~2 s each: the shrink (~epoch 14), the epochs with two and the growth (~epoch 30) fit in them
+    epochs_in_all, every = 45, 5
+    # 20 s of notice: Ray drains 15 s, Ray Train restarts 3 s before that ends; an epoch ends meanwhile
+    # Two jobs of a quarter-CPU head and three fifth-of-a-CPU workers fit the node's 2 CPUs together.
+    elastic = dict(SMALL_TRAINING["workers"], replicas=3, minReplicas=2, cpusPerWorker=0.2,
+                   terminationGracePeriodSeconds=20, resizeIntervalSeconds=10)  # fmt: skip
+    job = dict(SMALL_TRAINING, head={"cpus": 0.25, "memory": "3Gi"}, workers=elastic,
+               trainer=dict(SAMPLE_TRAINER, epochs=epochs_in_all), data={"source": "synthetic", "samples": 4096},
+               checkpoint=dict(SAMPLE_CHECKPOINT, everyEpochs=every))  # fmt: skip
+    apply(cluster, kube, "kind-trainingjob-cpu.yaml", **job)
+    try:
+        # the same job (same data, seed and epochs) that nothing disturbs: the quality band's reference
+        apply(cluster, kube, "kind-trainingjob-cpu.yaml", name=UNDISTURBED, **job)
+        trained_elastic_job(cluster, kube, t0, epochs_in_all, every)
+    finally:
+        cluster.kubectl(
+            "delete", "tj", UNDISTURBED, "-n", kube.namespace, "--ignore-not-found", "--wait=false"
+        )
+
+
+def trained_elastic_job(cluster, kube: Kube, t0: float, epochs_in_all: int, every: int) -> None:
+    """The test above, from the jobs' apply on."""
 
     # While it runs, `kubectl get tj` shows the epoch and the loss the workload patched (as the job's
     # own ServiceAccount, through the API server, with the token mounted in the pod).
@@ -179,20 +200,22 @@ def test_ddp_trains_across_two_worker_pods_and_resumes_when_one_is_deleted(
     assert live.returncode == 0, live.stderr
 
     cluster_name = kube.status(RJ, names.rayjob_name(TRAINING))["rayClusterName"]
-    workers = kube.pods(f"ray.io/cluster={cluster_name},ray.io/node-type=worker")
-    assert len(workers) == 2, [p.metadata.name for p in workers]
+    worker_selector = f"ray.io/cluster={cluster_name},ray.io/node-type=worker"
+    workers = kube.pods(worker_selector)
+    assert len(workers) == 3, [p.metadata.name for p in workers]
     assert {p.spec.node_name for p in workers} == {realnode.NAME}
-    assert len({p.status.pod_ip for p in workers}) == 2, "the two ranks are in two pods"
+    assert len({p.status.pod_ip for p in workers}) == 3, "the three ranks are in three pods"
     # the chart's cpuLimits: false (cluster-up sets it for this 2-CPU node) reached the pods
     assert {p.status.qos_class for p in workers} == {"Burstable"}, [
         p.spec.containers[0].resources for p in workers
     ]
+    assert {p.spec.termination_grace_period_seconds for p in workers} == {20}
     ranks = {}
     for pod in workers:
         logs = cluster.kubectl("logs", "-n", kube.namespace, pod.metadata.name).stdout
         ranks[pod.metadata.name] = {line.split("rank ")[1].split()[0] for line in logs.splitlines()
                                     if "rayship: training worker rank " in line}  # fmt: skip
-    assert sorted(r for found in ranks.values() for r in found) == ["0", "1"], ranks
+    assert sorted(r for found in ranks.values() for r in found) == ["0", "1", "2"], ranks
 
     run = claim_folder(kube) / f"{kube.namespace}.{TRAINING}"
     epochs: list[int] = []  # every epoch seen in status.progress, in order
@@ -200,43 +223,67 @@ def test_ddp_trains_across_two_worker_pods_and_resumes_when_one_is_deleted(
     def checkpoints() -> list[int]:
         return sorted(int(p.name.rsplit("-", 1)[-1]) for p in run.glob("epoch-*")) if run.is_dir() else []
 
-    def watch(done: str) -> bool:
-        epoch = (kube.status(TJ, TRAINING).get("progress") or {}).get("epoch")
-        if epoch is not None and (not epochs or epochs[-1] != epoch):
-            epochs.append(epoch)
-        if done == "checkpointed":
-            assert phase(kube, TJ, TRAINING) != "Succeeded", f"finished before the deletion: epochs {epochs}"
-            return bool(epoch and epoch >= 2 and checkpoints())
+    def progress() -> dict[str, Any]:
+        found = kube.status(TJ, TRAINING).get("progress") or {}
+        if found.get("epoch") is not None and (not epochs or epochs[-1] != found["epoch"]):
+            epochs.append(found["epoch"])
+        return found
+
+    def checkpointed() -> bool:
+        epoch = progress().get("epoch")
+        assert phase(kube, TJ, TRAINING) != "Succeeded", f"finished before the deletion: epochs {epochs}"
+        return bool(epoch and epoch > every and checkpoints())
+
+    wait_for(checkpointed, 420, interval=0.2, what=f"{every + 1} epochs and a checkpoint on the PVC")
+    seen, deleted_at = len(epochs), epochs[-1]
+    victim = next(p for p in workers if "0" not in ranks[p.metadata.name])
+    cluster.kubectl("cordon", realnode.NAME)
+    try:
+        # As a drain or a spot reclaim takes it: with the pod's own grace period.
+        kube.core.delete_namespaced_pod(victim.metadata.name, kube.namespace)
+        deleted = time.monotonic()
+
+        def trained_on_with_two() -> int | None:
+            found = progress()
+            assert phase(kube, TJ, TRAINING) != "Succeeded", f"finished before training on: epochs {epochs}"
+            pending = [p for p in kube.pods(worker_selector) if p.metadata.uid != victim.metadata.uid]
+            assert len([p for p in pending if p.status.phase == "Running"]) <= 2, (
+                "a replacement ran, cordoned"
+            )
+            resumed = found.get("resumedFromEpoch")
+            return resumed if resumed is not None and found.get("epoch", 0) > resumed else None
+
+        what = "an epoch trained with two workers after the restart"
+        shrink_resumed = wait_for(trained_on_with_two, 240, interval=0.2, what=what)
+        shrunk = time.monotonic() - deleted
+    finally:
+        cluster.kubectl("uncordon", realnode.NAME)
+
+    def succeeded() -> bool:
+        progress()
         return phase(kube, TJ, TRAINING, "Succeeded") == "Succeeded"
 
-    wait_for(lambda: watch("checkpointed"), 420, interval=0.2, what="two epochs and a checkpoint on the PVC")
-    seen = len(epochs)
-    deleted_at = epochs[-1]
-    victim = workers[0]
-    # As a spot reclaim takes it: with a grace period, which Ray's drain deadline follows.
-    kube.core.delete_namespaced_pod(victim.metadata.name, kube.namespace, grace_period_seconds=10)
-
-    wait_for(lambda: watch("succeeded"), 420, interval=0.2, what="Succeeded after a worker pod was deleted")
+    wait_for(succeeded, 420, interval=0.2, what="Succeeded after a worker pod was taken away and came back")
     after = epochs[seen:]
-    assert after and min(after) >= deleted_at >= 2, f"epochs {epochs}; deleted after epoch {deleted_at}"
+    assert after and min(after) >= deleted_at > every, f"epochs {epochs}; deleted after epoch {deleted_at}"
     rayjob = kube.status(RJ, names.rayjob_name(TRAINING))
     assert rayjob["jobStatus"] == "SUCCEEDED" and rayjob["jobDeploymentStatus"] == "Complete", rayjob
-    replaced = kube.pods(f"ray.io/cluster={cluster_name},ray.io/node-type=worker")
+    replaced = kube.pods(worker_selector)
     assert victim.metadata.uid not in {p.metadata.uid for p in replaced}, "the deleted pod was replaced"
     status = kube.status(TJ, TRAINING)
     assert status["progress"]["epoch"] == epochs_in_all, status
+    # never from scratch: each restart resumed a checkpoint at or after the one before the deletion
     resumed = status["progress"].get("resumedFromEpoch", 0)
     assert deleted_at - 1 <= resumed < epochs_in_all, (status["progress"], epochs)
     model = status["checkpoint"]["model"]
     assert (on_host(kube, model) / "rayship-model.json").is_file(), f"{model} is not on the PVC"
-    # One attempt on record (Ray Train replaced the rank inside it: KubeRay did not retry), its
-    # figures the RayJob's own times x the CPUs the pods requested.
+    # One attempt on record (Ray Train shrank and grew inside it: KubeRay did not retry), its figures
+    # the RayJob's own times x the CPUs the pods requested.
     (only,) = status["attempts"]
     assert (only["attempt"], only["outcome"], only["reachedEpoch"]) == (1, "Succeeded", epochs_in_all), only
-    # the worker pod taken away and its replacement, in the attempt's record: 2 ready, fewer, 2 again
+    # the worker pod taken away and its replacement, in the attempt's record: 3 ready, 2, 3 again
     ready = [change["readyWorkers"] for change in only.get("workerChanges") or []]
-    dips = [i for i, count in enumerate(ready) if count < 2 and 2 in ready[:i]]
-    assert dips and ready[-1] == 2, only
+    assert 3 in ready and 2 in ready[ready.index(3) :] and ready[-1] == 3, only
     assert (only["startTime"], only["endTime"]) == (rayjob["startTime"], rayjob["endTime"]), (only, rayjob)
     spec = kube.get(TJ, TRAINING)["spec"]
     cpus = spec["head"]["cpus"] + spec["workers"]["replicas"] * spec["workers"]["cpusPerWorker"]
@@ -253,21 +300,46 @@ def test_ddp_trains_across_two_worker_pods_and_resumes_when_one_is_deleted(
     print(f"rayship logs from the PVC through a reader pod: {time.monotonic() - started:.1f}s")
     assert kept.returncode == 0, kept.stderr
     assert f"rank 0 epoch {epochs_in_all}/{epochs_in_all}" in kept.stdout, kept.stdout[-2000:]
-    assert f"rank 1 epoch 1/{epochs_in_all}" in kept.stdout, kept.stdout[-2000:]  # before the restart
-    # Ray Train's failure policy: the deleted pod was a preemption, retried without limit and not
-    # counted against maxWorkerFailures
+    assert f"rank 2 epoch 1/{epochs_in_all}" in kept.stdout, kept.stdout[-2000:]  # before the shrink
+    # The ranks learnt of the drain and saved the epoch; Ray Train counted a preemption, retried
+    # without limit and not against maxWorkerFailures.
+    # every epoch that ended in the notice was saved (whatever everyEpochs), and the group of two
+    # resumed one of them (the last may have been cut short by the restart)
+    notice = [
+        line for line in kept.stdout.splitlines() if "rank 0: ranks [" in line and "being preempted" in line
+    ]
+    noticed = sorted({int(line.rsplit("checkpoint after epoch ", 1)[1].split()[0]) for line in notice})
+    assert shrink_resumed in noticed and shrink_resumed >= deleted_at, (noticed, shrink_resumed, deleted_at)
     assert "Source: preemption" in kept.stdout and "(max allowed: inf)" in kept.stdout, kept.stdout[-3000:]
-    sizes = sorted({line.split("worker group of size ")[1].split()[0].rstrip(":")
-                    for line in kept.stdout.splitlines() if "Started training worker group of size" in line})  # fmt: skip
+    assert "Source: worker group" not in kept.stdout, kept.stdout[-3000:]
+    sizes = [int(line.split("worker group of size ")[1].split()[0].rstrip(":.,"))
+             for line in kept.stdout.splitlines() if "Started training worker group of size" in line]  # fmt: skip
+    assert 3 in sizes and 2 in sizes[sizes.index(3) :] and sizes[-1] == 3, sizes
+    # the group grown back to three trained epochs of its own (not only a resize after the last)
+    starts = [(int(line.split(" of ")[1].split()[0]), int(line.rsplit("resuming after epoch ", 1)[1].strip()) if "resuming" in line else 0)
+              for line in kept.stdout.splitlines() if "rayship: training worker rank 0 of " in line]  # fmt: skip
+    assert starts[-1][0] == 3 and starts[-1][1] < epochs_in_all, starts
     own = rayship_logs(cluster, kube, "--rank", "1")
     assert own.returncode == 0 and "rank 1 epoch" in own.stdout and "rank 0 epoch" not in own.stdout, own
     assert (run / "logs" / "attempt-1" / "rank-1.log").is_file()
     assert not kube.pods(f"{names.owner_label('TrainingJob')}={TRAINING}"), "the reader pod is deleted"
+    # The same final quality band as the job undisturbed (same data, seed and epochs; a different
+    # order of rows and fewer workers for some epochs change the last digits): within 25 %.
+    wait_for(
+        lambda: phase(kube, TJ, UNDISTURBED, "Succeeded") == "Succeeded", 300, what=f"{UNDISTURBED} Succeeded"
+    )
+    reference = kube.status(TJ, UNDISTURBED)
+    assert reference["progress"]["epoch"] == epochs_in_all and "resumedFromEpoch" not in reference["progress"]
+    (plain,) = reference["attempts"]
+    assert [c["readyWorkers"] for c in plain.get("workerChanges") or []][-1:] == [3], plain
+    loss, reference_loss = status["progress"]["metrics"]["loss"], reference["progress"]["metrics"]["loss"]
+    assert abs(loss - reference_loss) <= 0.25 * reference_loss, (loss, reference_loss)
     print(
         f"training on real pods: first epoch {first_epoch:.0f}s after apply; worker deleted after epoch "
-        f"{deleted_at} (checkpoints {checkpoints()}), epochs seen {epochs}; worker group sizes {sizes}; "
-        f"ready workers {ready}; "
-        f"Succeeded in {time.monotonic() - t0:.0f}s"
+        f"{deleted_at}, epochs {noticed} saved in the notice, resumed {shrink_resumed}, trained on with two {shrunk:.0f}s after "
+        f"the deletion; group starts (size, after epoch) {list(dict.fromkeys(starts))}; "
+        f"epochs seen {epochs}; worker group sizes {sizes}; ready workers {ready}; final loss "
+        f"{loss:.6g} (undisturbed: {reference_loss:.6g}); Succeeded in {time.monotonic() - t0:.0f}s"
     )
 
 
