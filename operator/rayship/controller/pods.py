@@ -89,8 +89,9 @@ def drain_env(grace_seconds: int) -> dict[str, str]:
     return {"name": names.ENV_RAY_DRAIN_TIMEOUT, "value": f"{drain:g}"}
 
 
-# Ray Train looks for drains every second (default 5 s): a short notice is seen within it.
-PREEMPTION_POLL_ENV = {"name": names.ENV_RAY_TRAIN_PREEMPTION_POLL, "value": "1"}
+def preemption_poll_env() -> dict[str, str]:
+    """Ray Train looks for drains every second (default 5 s): a short notice is seen within it."""
+    return {"name": names.ENV_RAY_TRAIN_PREEMPTION_POLL, "value": "1"}
 
 
 def pvc_volume(name: str, pvc: api.PvcStorage, *, read_only: bool = False) -> Volumes:

@@ -47,29 +47,35 @@ def spec_edits(applied: Any, desired: Any, prefix: str = "") -> list[str]:
     return [] if applied == desired else [prefix.rstrip(".")]
 
 
+def _at(doc: Any, path: list[str]) -> Any:
+    """The value at `path` in a wire document (None where it has none)."""
+    for key in path:
+        doc = doc.get(key) if isinstance(doc, Mapping) else None
+    return doc
+
+
+def _default(path: list[str]) -> Any:
+    """The API's default for the spec field at the wire `path` (None when it is required or unknown)."""
+    model: Any = api.TrainingJobSpec
+    field = None
+    for key in path:
+        fields = model.model_fields if isinstance(model, type) and hasattr(model, "model_fields") else {}
+        field = next((f for n, f in fields.items() if (f.alias or n) == key), None)
+        if field is None:
+            return None
+        model = field.annotation
+    return None if field is None or field.is_required() else field.get_default(call_default_factory=True)
+
+
 def added_with_default(launched: Mapping[str, Any], path: str, wanted: Mapping[str, Any]) -> bool:
     """Whether `path` is a field the launch's record lacks (added to the API since) and that has its
     default: a field is added with the default that keeps what launches did before it, so no edit."""
-    record: Any = launched
-    model: Any = api.TrainingJobSpec
-    for key in path.split("."):
-        if not isinstance(record, Mapping) or model is None:
-            return False
-        if key not in record:
-            break
-        record = record[key]
-        field = next((f for n, f in model.model_fields.items() if (f.alias or n) == key), None)
-        model = field.annotation if field and isinstance(field.annotation, type) else None
-    else:
-        return False  # recorded: a real edit
-    field = next((f for n, f in model.model_fields.items() if (f.alias or n) == key), None) if model else None
-    if field is None or field.is_required():
-        return False
-    default = field.get_default(call_default_factory=True)
-    value: Any = wanted
-    for part in path.split("."):
-        value = value.get(part) if isinstance(value, Mapping) else None
-    return bool(value == default)
+    *parent, key = path.split(".")
+    record = _at(launched, parent)
+    if not isinstance(record, Mapping) or key in record:
+        return False  # recorded (a real edit), or a whole section missing
+    value = _at(wanted, [*parent, key])
+    return value is not None and bool(value == _default([*parent, key]))
 
 
 def applied_spec(rayjob: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -201,8 +201,8 @@ def _pod_templates(
     # watches for drains, polls as often.
     grace = workers.termination_grace_period_seconds
     worker["spec"]["terminationGracePeriodSeconds"] = grace
-    worker["spec"]["containers"][0]["env"] += [pods.drain_env(grace), dict(pods.PREEMPTION_POLL_ENV)]
-    head["spec"]["containers"][0]["env"].append(dict(pods.PREEMPTION_POLL_ENV))
+    worker["spec"]["containers"][0]["env"] += [pods.drain_env(grace), pods.preemption_poll_env()]
+    head["spec"]["containers"][0]["env"].append(pods.preemption_poll_env())
     return head, worker
 
 
