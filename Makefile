@@ -163,9 +163,10 @@ cluster-build: ## build the pinned control-plane binaries into ~/.cache/rayship 
 	python3 controlplane/build.py
 
 # The real node's parts from Debian (controlplane/node.py): containerd and runc, the CNI plugins,
-# nft for kube-proxy's nftables mode, gcc for the pause image. apt's lists are read once per machine.
+# nft for kube-proxy's nftables mode, iptables and ipset for kube-router's firewall (the NetworkPolicy
+# engine), gcc for the pause image. apt's lists are read once per machine.
 NODE_DEBS := containerd=1.6.20~ds1-1+deb12u3 runc=1.1.5+ds1-1+deb12u1 \
-	containernetworking-plugins=1.1.1+ds1-3+b5 nftables=1.0.6-2+deb12u2 iptables=1.8.9-2 gcc libc6-dev
+	containernetworking-plugins=1.1.1+ds1-3+b5 nftables=1.0.6-2+deb12u2 iptables=1.8.9-2 ipset=7.17-1 gcc libc6-dev
 node-deps: ## install the real node's Debian packages (pinned)
 	@missing=$$(for p in $(foreach p,$(NODE_DEBS),$(firstword $(subst =, ,$(p)))); do \
 		dpkg-query -W -f='$${db:Status-Abbrev}' $$p 2>/dev/null | grep -q '^ii' || echo $$p; done); \

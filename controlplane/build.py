@@ -92,6 +92,9 @@ MODULES = (
     Module("kuberay", {"ray-operator": "github.com/ray-project/kuberay/ray-operator"}),
     # the real node's cluster DNS (controlplane/node.py)
     Module("coredns", {"coredns": "github.com/coredns/coredns"}),
+    # the real node's NetworkPolicy engine (kube-router's firewall): the policies rayship renders are
+    # enforced on real-0's pods, so a test sees a connection they forbid fail
+    Module("netpol", {"kube-router": "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"}),
 )
 
 

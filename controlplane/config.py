@@ -147,5 +147,5 @@ def log(msg: str) -> None:
 
 
 # Started in this order, stopped in the reverse one (containerd last: the containers go before it).
-NODE_PROCS = ("containerd", "kubelet", "kube-proxy", "coredns", "node-api-forward")
+NODE_PROCS = ("containerd", "kubelet", "kube-proxy", "coredns", "node-api-forward", "netpol")
 WORKLOAD_IMAGE_CPU = "rayship/rayship-workloads:{version}-cpu"

@@ -1,4 +1,5 @@
-"""The real node `real-0`: containerd, a real kubelet, kube-proxy and CoreDNS (`make cluster-up`).
+"""The real node `real-0`: containerd, a real kubelet, kube-proxy, CoreDNS and a NetworkPolicy
+engine (`make cluster-up`).
 
 Beside the kwok nodes (which stay for placement: GPUs cannot be real here), `real-0` runs real pods
 from real images: containerd (Debian's, with runc and the CNI plugins) and the kubelet and kube-proxy
@@ -13,6 +14,12 @@ the pod network's namespace (controlplane/cluster.py's NETNS), so whatever it ad
                      127.0.0.1:<apiserver port>
     10.244.4.0/24    real-0's pods, on the bridge rs-cni0 (10.244.4.1), a unicast route in table
                      `local` (more specific than the /16 that refuses every other pod address)
+
+The NetworkPolicy engine is kube-router's firewall: iptables chains and ipsets in that namespace, built
+from the policies, filter what reaches or leaves a pod they select (bridged packets pass netfilter:
+bridge-nf-call-iptables, on by default). kube-network-policies (kind's engine) was tried first: its
+rules need nftables' `queue` expression, which this kernel lacks ("netlink receive: no such file or
+directory" at every sync).
 
 containerd and the kubelet share one private mount namespace (`unshare --mount --propagation
 private`): every mount they make (overlay root filesystems, volumes, pod network namespaces) dies
@@ -266,7 +273,39 @@ def rbac_objects() -> list[dict]:
             "kube-apiserver-kubelet-client",
         ),
         binding("rayship:kube-proxy", "system:node-proxier", "system:kube-proxy"),
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "rayship:netpol", **meta},
+            "rules": POLICY_ENGINE_RULES,
+        },
+        binding("rayship:netpol", "rayship:netpol", "rayship:netpol"),
     ]
+
+
+# What kube-router's network policy controller reads (its informers start for all of these, whatever
+# it runs), as the user of its client certificate.
+_READ = ["get", "list", "watch"]
+POLICY_ENGINE_RULES = [
+    {
+        "apiGroups": [""],
+        "resources": ["namespaces", "pods", "services", "nodes", "endpoints"],
+        "verbs": _READ,
+    },
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": _READ},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": _READ},
+]
+
+
+def policy_engine_argv(binary: Path, kubeconfig: Path, service_cidr: str) -> list[str]:
+    """kube-router as real-0's NetworkPolicy engine only: its firewall (iptables and ipset rules in
+    the namespace, which go with it), neither its routing nor its service proxy (kube-proxy's); no
+    metrics or health port."""
+    return [
+        str(binary), "--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
+        f"--kubeconfig={kubeconfig}", f"--hostname-override={NAME}",
+        f"--service-cluster-ip-range={service_cidr}", "--metrics-port=0", "--health-port=0", "--v=1",
+    ]  # fmt: skip
 
 
 # Client (and the kubelet's serving) certificates: name -> (subject, usage, SANs)
@@ -274,6 +313,7 @@ CERTIFICATES = {
     "kubelet": (f"/O=system:nodes/CN=system:node:{NAME}", "serverAuth,clientAuth", [f"IP:{NODE_IP}", f"DNS:{NAME}"]),
     "kube-proxy": ("/CN=system:kube-proxy", "clientAuth", []),
     "coredns": ("/CN=rayship:coredns", "clientAuth", []),
+    "netpol": ("/CN=rayship:netpol", "clientAuth", []),
     "apiserver-kubelet-client": ("/CN=kube-apiserver-kubelet-client", "clientAuth", []),
 }  # fmt: skip
 

@@ -24,6 +24,7 @@ from controlplane.config import (
     NETNS_DIR,
     NODE_PROCS,
     POD_CIDR,
+    SERVICE_CIDR,
     log,
 )
 from controlplane.objects import api_client, kubectl_apply
@@ -40,7 +41,7 @@ from controlplane.processes import (
 )
 
 # --- the real node (controlplane/node.py) -----------------------------------------------------------
-NODE_TOOLS = ("containerd", "ctr", "runc", "nft", "unshare", "nsenter", "gcc")
+NODE_TOOLS = ("containerd", "ctr", "runc", "nft", "iptables", "ipset", "unshare", "nsenter", "gcc")
 
 
 def node_missing() -> str | None:
@@ -122,13 +123,9 @@ def node_archives(npaths: realnode.NodePaths) -> dict[str, Path]:
     }
 
 
-def start_node(paths: Paths, state: State, bins: dict[str, Path]) -> None:
-    """containerd, the kubelet (node real-0), kube-proxy, CoreDNS and the in-namespace API forwarder."""
-    why = node_missing()
-    if why:
-        raise RuntimeError(why)
-    npaths = node_paths(paths)
-    archives = node_archives(npaths)
+def _node_files(paths: Paths, npaths: realnode.NodePaths) -> dict[str, Path]:
+    """The node's folder, made anew with its components' configuration files; returns their
+    kubeconfigs (client certificates, the API server as NETNS reaches it) by component."""
     shutil.rmtree(npaths.base, ignore_errors=True)
     for folder in ("cni-conf", "cni-ipam", "pod-logs", *realnode.BOUND.values()):
         (npaths / folder).mkdir(parents=True, exist_ok=True)
@@ -137,12 +134,27 @@ def start_node(paths: Paths, state: State, bins: dict[str, Path]) -> None:
     (npaths / "containerd.toml").write_text(realnode.containerd_config(npaths))
     (npaths / "cni-conf" / "10-rayship.conflist").write_text(json.dumps(realnode.cni_config(npaths)))
     (npaths / "kubelet.json").write_text(json.dumps(realnode.kubelet_config(npaths, paths.pki)))
-    link_server = f"https://{LINK_HOST_IP}:{API_FORWARD_PORT}"  # the API server as NETNS reaches it
-    kcs = {who: cert_kubeconfig(paths, who, link_server) for who in ("kubelet", "kube-proxy", "coredns")}
+    link_server = f"https://{LINK_HOST_IP}:{API_FORWARD_PORT}"
+    kcs = {
+        who: cert_kubeconfig(paths, who, link_server)
+        for who in ("kubelet", "kube-proxy", "coredns", "netpol")
+    }
     (npaths / "kube-proxy.json").write_text(
         json.dumps(realnode.kube_proxy_config(kcs["kube-proxy"], POD_CIDR))
     )
     (npaths / "Corefile").write_text(realnode.corefile(kcs["coredns"]))
+    return kcs
+
+
+def start_node(paths: Paths, state: State, bins: dict[str, Path]) -> None:
+    """containerd, the kubelet (node real-0), kube-proxy, CoreDNS, the in-namespace API forwarder and
+    the NetworkPolicy engine (kube-router's firewall)."""
+    why = node_missing()
+    if why:
+        raise RuntimeError(why)
+    npaths = node_paths(paths)
+    archives = node_archives(npaths)
+    kcs = _node_files(paths, npaths)
     kubectl_apply(paths, realnode.rbac_objects())
     _node_network()
     realnode.make_cgroups()
@@ -180,6 +192,12 @@ def start_node(paths: Paths, state: State, bins: dict[str, Path]) -> None:
     ])  # fmt: skip
     client = api_client(paths.kubeconfig)
     wait_until(f"node {realnode.NAME} Ready", lambda: _node_ready(client, realnode.NAME), 120, kubelet)
+    # after the node is registered: kube-router looks its node up once, at start
+    netpol = spawn(
+        "netpol", [*in_ns, *realnode.policy_engine_argv(bins["kube-router"], kcs["netpol"], SERVICE_CIDR)]
+    )
+    synced = lambda: "sync iptables took" in Path(netpol.log).read_text(errors="replace")  # noqa: E731
+    wait_until("kube-router's first NetworkPolicy sync", synced, 60, netpol)
 
 
 def real_node_namespace(name: str) -> dict[str, Any]:

@@ -433,6 +433,63 @@ def test_modelservice_serves_the_trained_model_through_the_api_servers_service_p
     )
 
 
+REACH = """
+import json, socket, sys
+found = {}
+for port in sys.argv[2:]:
+    try:
+        socket.create_connection((sys.argv[1], int(port)), timeout=3).close()
+        found[port] = "open"
+    except OSError as e:
+        found[port] = type(e).__name__
+print(json.dumps(found))
+"""
+
+
+def test_the_ray_clusters_ports_are_closed_to_the_namespaces_other_pods(
+    real_node, operator, kube: Kube
+) -> None:
+    """Issue 33 item 3, enforced: real-0 runs a NetworkPolicy engine (kube-router's firewall), so the
+    policy the operator renders for the ModelService's Ray cluster is what decides. A pod of the same
+    namespace reaches the head's Serve port (the ModelService names no serveFrom: anyone) but neither
+    its GCS nor its dashboard; labelled as one of the service's own pods, it reaches both. The Ray
+    cluster itself (workers to head, KubeRay and the API server's proxy to the dashboard) kept working
+    through the tests before this one, under the same policy."""
+    cluster_name = kube.status(RS, names.rayservice_name(SERVING))["activeServiceStatus"]["rayClusterName"]
+    head = kube.pods(f"ray.io/cluster={cluster_name},ray.io/node-type=head")[0]
+    ports = ["6379", str(names.DASHBOARD_PORT_NUMBER), str(names.SERVE_PORT_NUMBER)]  # GCS, dashboard, Serve
+    probe = {
+        "name": "probe", "image": f"rayship/rayship-operator:{__version__}", "imagePullPolicy": "Never",
+        "command": ["sleep", "600"], "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+    }  # fmt: skip
+    kube.core.create_namespaced_pod(
+        kube.namespace, {"metadata": {"name": "probe"}, "spec": {"containers": [probe]}}
+    )
+    try:
+        wait_for(lambda: kube.core.read_namespaced_pod("probe", kube.namespace).status.phase == "Running",
+                 120, what="the probe pod Running")  # fmt: skip
+
+        def reach() -> dict[str, str]:
+            out = real_node.kubectl("exec", "-n", kube.namespace, "probe", "--", "python", "-c", REACH,
+                                    head.status.pod_ip, *ports).stdout  # fmt: skip
+            return json.loads(out.strip().splitlines()[-1])
+
+        outside = reach()
+        refused = {"ConnectionRefusedError", "TimeoutError"}  # kube-router rejects; other engines drop
+        assert outside["8000"] == "open" and {outside["6379"], outside["8265"]} <= refused, outside
+        owner = names.owner_label("ModelService")
+        real_node.kubectl("label", "pod", "-n", kube.namespace, "probe", f"{owner}={SERVING}")
+
+        def let_in() -> dict[str, str] | None:  # the engine sees the new label through its watch
+            found = reach()
+            return found if found["6379"] == "open" else None
+
+        inside = wait_for(let_in, 30, what="the probe labelled as the service's pod reaching its GCS")
+        assert inside == {"6379": "open", "8265": "open", "8000": "open"}, inside
+    finally:
+        kube.core.delete_namespaced_pod("probe", kube.namespace, grace_period_seconds=0)
+
+
 def test_a_scheduled_run_that_passes_the_gate_rolls_out_in_place_by_itself(
     real_node, operator, kube: Kube
 ) -> None:
