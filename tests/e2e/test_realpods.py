@@ -143,7 +143,8 @@ def test_ddp_trains_across_three_worker_pods_shrinks_to_two_and_grows_back(
     from the workload image on real-0; DDP's ranks, one in each worker pod, talk over the pod network;
     each worker pod's `kubectl logs` names its rank. Then a worker pod is taken away mid-training as
     a drain or a spot reclaim takes it: deleted with its own grace period (workers.
-    terminationGracePeriodSeconds: 20 s), while the node is cordoned so its replacement cannot start.
+    terminationGracePeriodSeconds: 30 s, the default), while the node is cordoned so its replacement
+    cannot start.
     Ray drains the pod's node until 5 s before the kill; the ranks learn of it and save each epoch that
     ends meanwhile; Ray Train restarts from the latest checkpoint on the PVC just before the deadline
     (a preemption: retried without limit, apart from maxWorkerFailures) with the two workers left, and
@@ -154,10 +155,11 @@ def test_ddp_trains_across_three_worker_pods_shrinks_to_two_and_grows_back(
     t0 = time.monotonic()
     # ~2 s each: the shrink (~epoch 14), the epochs with two and the growth (~epoch 30) fit in them
     epochs_in_all, every = 45, 5
-    # 20 s of notice: Ray drains 15 s, Ray Train restarts 3 s before that ends; an epoch ends meanwhile
+    # 30 s of notice: Ray drains 25 s, Ray Train restarts 3 s before that ends; epochs end meanwhile
+    # (with 20 s, an epoch of the two jobs sharing 2 CPUs sometimes outlasted what was left of it)
     # Two jobs of a quarter-CPU head and three fifth-of-a-CPU workers fit the node's 2 CPUs together.
     elastic = dict(SMALL_TRAINING["workers"], replicas=3, minReplicas=2, cpusPerWorker=0.2,
-                   terminationGracePeriodSeconds=20, resizeIntervalSeconds=10)  # fmt: skip
+                   terminationGracePeriodSeconds=30, resizeIntervalSeconds=10)  # fmt: skip
     job = dict(SMALL_TRAINING, head={"cpus": 0.25, "memory": "3Gi"}, workers=elastic,
                trainer=dict(SAMPLE_TRAINER, epochs=epochs_in_all), data={"source": "synthetic", "samples": 4096},
                checkpoint=dict(SAMPLE_CHECKPOINT, everyEpochs=every))  # fmt: skip
@@ -209,7 +211,7 @@ def trained_elastic_job(cluster, kube: Kube, t0: float, epochs_in_all: int, ever
     assert {p.status.qos_class for p in workers} == {"Burstable"}, [
         p.spec.containers[0].resources for p in workers
     ]
-    assert {p.spec.termination_grace_period_seconds for p in workers} == {20}
+    assert {p.spec.termination_grace_period_seconds for p in workers} == {30}
     ranks = {}
     for pod in workers:
         logs = cluster.kubectl("logs", "-n", kube.namespace, pod.metadata.name).stdout
