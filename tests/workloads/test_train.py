@@ -584,6 +584,44 @@ def test_an_epoch_that_ends_while_a_node_is_drained_is_saved_whatever_every_epoc
     assert "rank 0: ranks [1] are being preempted: checkpoint after epoch 3" in capsys.readouterr().out
 
 
+def test_the_hf_trainer_engine_saves_an_epoch_that_ends_while_a_node_is_drained(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """No Ray run: the Hugging Face Trainer's callback (trainer.config.engine: hf-trainer) saves the
+    epoch that ends during a drain as the built-in loop does, whatever checkpoint.everyEpochs says."""
+    from types import SimpleNamespace
+
+    from ray.train import PreemptionInfo
+
+    from rayship_workloads import hf_trainer
+    from rayship_workloads.recipes import loop
+
+    drained = {2}  # epochs after which a drain is seen
+    epoch = iter(range(1, 100))
+    info = PreemptionInfo(deadline_ms=None, preempted_node_to_ranks={"node-b": [1]})
+    monkeypatch.setattr(
+        loop.ray.train, "get_preemption_info", lambda: info if next(epoch) in drained else None
+    )
+    monkeypatch.setattr(
+        hf_trainer.ray.train, "get_context", lambda: SimpleNamespace(get_world_rank=lambda: 0)
+    )
+    saved: list[tuple[int, bool]] = []
+    monkeypatch.setattr(
+        hf_trainer.recipes, "report", lambda *_, epoch, save, **__: saved.append((epoch, save))
+    )
+
+    doc = spec(tmp_path, **{"trainer.epochs": 4, "checkpoint.everyEpochs": 3})
+    callback = hf_trainer.RayshipReportCallback(doc.spec, None, recipes.Start(0, 0), None)  # type: ignore[arg-type]
+    state, control = (
+        SimpleNamespace(log_history=[], global_step=0),
+        SimpleNamespace(should_training_stop=False),
+    )
+    for _ in range(4):
+        callback.on_epoch_end(None, state, control)
+        callback.on_save(None, state, control)
+    assert saved == [(1, False), (2, True), (3, True), (4, True)]
+
+
 def test_rayship_run_tracks_to_a_sqlite_store_beside_the_run_and_a_cluster_needs_a_server(
     tmp_path: Path,
 ) -> None:

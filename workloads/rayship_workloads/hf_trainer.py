@@ -76,7 +76,8 @@ class TokenizedText(NumpyBatchCollateFn):
 class RayshipReportCallback(RayTrainReportCallback):
     """`RayTrainReportCallback` with rayship's reports and checkpoints: the Trainer saves after every
     epoch; each save is reported as that epoch (metrics logged since the last one), with our signed
-    checkpoint every `checkpoint.everyEpochs` epochs and at the last."""
+    checkpoint every `checkpoint.everyEpochs` epochs, at the last, and at any epoch that ends while a
+    node of the group is being drained (`recipes.preempted`)."""
 
     def __init__(
         self, spec: api.TrainingJobSpec, run: recipes.Run, start: recipes.Start, saver: TrainerCheckpoints
@@ -118,7 +119,10 @@ class RayshipReportCallback(RayTrainReportCallback):
         if stop:
             metrics[recipes.STOPPED_EARLY] = True
             control.should_training_stop = True
-        save = self.epoch % self.every == 0 or self.epoch >= self.epochs or stop
+        # a drain in the group (a pod deleted with its grace period): save this epoch now, as the
+        # built-in loop does; asked every epoch, as every rank must ask (a barrier)
+        drained = recipes.preempted(ray.train.get_context().get_world_rank(), self.epoch)
+        save = drained or stop or self.epoch % self.every == 0 or self.epoch >= self.epochs
         recipes.report(
             self.saver,
             self.run,
