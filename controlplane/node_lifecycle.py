@@ -196,7 +196,10 @@ def start_node(paths: Paths, state: State, bins: dict[str, Path]) -> None:
     netpol = spawn(
         "netpol", [*in_ns, *realnode.policy_engine_argv(bins["kube-router"], kcs["netpol"], SERVICE_CIDR)]
     )
-    synced = lambda: "sync iptables took" in Path(netpol.log).read_text(errors="replace")  # noqa: E731
+
+    def synced() -> bool:
+        return "sync iptables took" in Path(netpol.log).read_text(errors="replace")
+
     wait_until("kube-router's first NetworkPolicy sync", synced, 60, netpol)
 
 
