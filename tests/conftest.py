@@ -60,6 +60,17 @@ def pytest_configure(config: pytest.Config) -> None:
         "realpods: our images in real pods on the real node real-0 (controlplane/node.py): containerd, "
         "kubelet, kube-proxy, CoreDNS",
     )
+    config.addinivalue_line(
+        "markers",
+        "floods_kuberay: leaves KubeRay a backlog (1000 RayJobs to finalize, then delete) that it works "
+        "through for minutes: runs after every other test of its session",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that flood KubeRay run last (a stable sort: the others keep their order), so no other
+    test's RayJob waits behind their backlog in KubeRay's queue; the cluster stops after them."""
+    items.sort(key=lambda item: item.get_closest_marker("floods_kuberay") is not None)
 
 
 @pytest.hookimpl(hookwrapper=True)

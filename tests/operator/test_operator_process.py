@@ -61,6 +61,7 @@ def added_count(kube: Kube, resource: api.Resource, count: int, timeout: float) 
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.floods_kuberay
 def test_sigterm_under_a_backlog_starts_no_reconcile_and_a_restart_finishes_every_job(
     kube: Kube, cluster
 ) -> None:
@@ -92,9 +93,3 @@ def test_sigterm_under_a_backlog_starts_no_reconcile_and_a_restart_finishes_ever
     assert after - before <= 2 * threads, f"{after - before} RayJobs made after SIGTERM ({before} before)"
     controlplane.start_operator()
     wait_for(lambda: len(kube.list(api.RAYJOBS)) == jobs, 300, what=f"{jobs} RayJobs")
-    # KubeRay, not rayship, is the slow party at 1000 RayJobs (a finalizer and a status each, then as
-    # many deletions): it finishes with them here, or the next test's RayJob waits behind them in its
-    # queue (seen: no finalizer on it within 30 s)
-    group, version, plural = api.TRAININGJOBS
-    kube.custom.delete_collection_namespaced_custom_object(group, version, kube.namespace, plural)
-    wait_for(lambda: not kube.list(api.RAYJOBS), 300, interval=2, what="KubeRay done with the RayJobs")
