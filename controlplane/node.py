@@ -258,14 +258,13 @@ def rbac_objects() -> list[dict]:
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
         }
 
+    def granted(user: str, rules: list[dict]) -> list[dict]:  # a ClusterRole of the user's name, bound
+        role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": user, **meta}, "rules": rules}  # fmt: skip
+        return [role, binding(user, user, user)]
+
     return [
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": "rayship:coredns", **meta},
-            "rules": coredns_rules,
-        },  # fmt: skip
-        binding("rayship:coredns", "rayship:coredns", "rayship:coredns"),
+        *granted("rayship:coredns", coredns_rules),
         # kubectl logs/exec/port-forward: the API server's client certificate at the kubelet
         binding(
             "rayship:kube-apiserver-kubelet-client",
@@ -273,13 +272,7 @@ def rbac_objects() -> list[dict]:
             "kube-apiserver-kubelet-client",
         ),
         binding("rayship:kube-proxy", "system:node-proxier", "system:kube-proxy"),
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": "rayship:netpol", **meta},
-            "rules": POLICY_ENGINE_RULES,
-        },
-        binding("rayship:netpol", "rayship:netpol", "rayship:netpol"),
+        *granted("rayship:netpol", POLICY_ENGINE_RULES),
     ]
 
 
