@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,167 @@ def phase(kube: Kube, resource: api.Resource, name: str, *finals: str) -> str:
     return found
 
 
+KILLED = "killed-twice"  # the job whose driver is killed in two attempts
+# Kills the job's driver (`python -m rayship_workloads.job`, run by Ray's job supervisor on the head) as
+# the kernel's OOM killer would: SIGKILL, no chance to clean up.
+KILL_DRIVER = """
+import os, signal
+for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+        argv = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')
+    except OSError:
+        continue
+    if b'rayship_workloads.job' in argv:
+        os.kill(int(pid), signal.SIGKILL)
+        print(pid)
+"""
+
+
+class PodTimes:
+    """Each Ray pod's own running time and CPU request, as the kubelet reports them (a watch on the
+    job's pods): from the pod's start (status.startTime: on the node, holding its resources) to its
+    containers' end (terminated.finishedAt), or to its deletion when that was not seen."""
+
+    def __init__(self, kube: Kube, job: str):
+        self.kube, self.job = kube, job
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        selector = f"{names.owner_label('TrainingJob')}={self.job},ray.io/node-type"
+        while not self.stop.is_set():
+            watch = kubernetes.watch.Watch()
+            for event in watch.stream(self.kube.core.list_namespaced_pod, self.kube.namespace,
+                                      label_selector=selector, timeout_seconds=5):  # fmt: skip
+                self._see(event["type"], event["object"])
+                if self.stop.is_set():
+                    watch.stop()
+
+    def _see(self, kind: str, pod: Any) -> None:
+        seen = self.pods.setdefault(pod.metadata.uid, {"name": pod.metadata.name})
+        seen["cpus"] = sum(
+            float(kubernetes.utils.parse_quantity((c.resources.requests or {}).get("cpu", "0")))
+            for c in pod.spec.containers
+        )
+        if pod.status.start_time:
+            seen["start"] = pod.status.start_time
+        ended = [s.state.terminated.finished_at for s in pod.status.container_statuses or []
+                 if s.state and s.state.terminated and s.state.terminated.finished_at]  # fmt: skip
+        if ended and len(ended) == len(pod.spec.containers):
+            seen["end"] = max(ended)
+        if kind == "DELETED" and "end" not in seen:
+            seen["end"] = datetime.now(UTC)
+
+    def cpu_seconds(self) -> float:
+        self.stop.set()
+        self.thread.join(10)
+        running = [p for p in self.pods.values() if "start" in p]
+        assert all("end" in p for p in running), f"pods not ended: {running}"
+        return sum(p["cpus"] * (p["end"] - p["start"]).total_seconds() for p in running)
+
+
+def settled(kube: Kube, name: str) -> dict[str, Any]:
+    """The TrainingJob's status once every attempt is settled: the operator saw each attempt's pods
+    gone (it looks again every `startingSeconds` until then) and its figures are final."""
+
+    def final() -> dict[str, Any] | None:
+        status = kube.status(TJ, name)
+        attempts = status.get("attempts") or []
+        return status if attempts and all("pods" not in a for a in attempts) else None
+
+    return wait_for(final, 150, interval=1, what=f"{name}'s attempts settled (their pods seen gone)")
+
+
+def test_a_job_killed_twice_shows_three_attempts_resumed_and_its_pods_cpu_time(
+    real_node, operator, kube: Kube
+) -> None:
+    """Issue 34 §3 on real pods: a job's driver is killed (SIGKILL, as the OOM killer does) in its first
+    and its second attempt. KubeRay retries each on a new Ray cluster (failurePolicy.retries: 2, the
+    default); each attempt resumes the latest checkpoint on the PVC; the third succeeds. Three
+    attempts on record, each with the epoch it resumed from and reached, an Event as each ends and
+    starts; the CPU-hours add up and match the pods' own running times; `rayship logs --attempt`
+    reads each attempt's driver from the PVC once the clusters are gone."""
+    cluster, t0 = real_node, time.monotonic()
+    epochs_in_all = 12
+    job = dict(SMALL_TRAINING, workers=dict(SMALL_TRAINING["workers"], replicas=1),
+               trainer=dict(SAMPLE_TRAINER, epochs=epochs_in_all),
+               data={"source": "synthetic", "samples": 4096},
+               checkpoint=dict(SAMPLE_CHECKPOINT, everyEpochs=1))  # fmt: skip
+    pods = PodTimes(kube, KILLED)
+    apply(cluster, kube, "kind-trainingjob-cpu.yaml", name=KILLED, **job)
+    killed_after: list[int] = []
+    try:
+        for attempt in (1, 2):
+
+            def trained_two_epochs(attempt: int = attempt) -> int | None:
+                status = kube.status(TJ, KILLED)
+                assert phase(kube, TJ, KILLED) != "Succeeded", f"finished before kill {attempt}: {status}"
+                progress = status.get("progress") or {}
+                resumed = progress.get("resumedFromEpoch", 0) if attempt > 1 else 0
+                if status.get("attempt") != attempt or (attempt > 1 and "resumedFromEpoch" not in progress):
+                    return None
+                epoch = progress.get("epoch") or 0
+                return epoch if epoch >= resumed + 2 else None
+
+            killed_after.append(
+                wait_for(trained_two_epochs, 420, interval=0.2, what=f"attempt {attempt}: 2 epochs")
+            )
+            head = kube.pods(f"ray.io/cluster={kube.status(RJ, names.rayjob_name(KILLED))['rayClusterName']},"
+                             "ray.io/node-type=head")[0].metadata.name  # fmt: skip
+            out = cluster.kubectl("exec", "-n", kube.namespace, head, "-c", "ray-head", "--",
+                                  "python", "-c", KILL_DRIVER).stdout  # fmt: skip
+            assert out.strip(), f"no driver process found in {head}"
+        wait_for(lambda: phase(kube, TJ, KILLED, "Succeeded") == "Succeeded", 420, interval=0.5,
+                 what="Succeeded on the third attempt")  # fmt: skip
+        wait_for(lambda: not kube.pods(f"{names.owner_label('TrainingJob')}={KILLED},ray.io/node-type"), 180,
+                 what="every Ray cluster of the job deleted")  # fmt: skip
+        status = settled(kube, KILLED)
+        pods_cpu = pods.cpu_seconds()
+        record = status["attempts"]
+        summary = [(a["attempt"], a["outcome"], a.get("resumedFromEpoch"), a["reachedEpoch"]) for a in record]
+        assert [s[:2] for s in summary] == [(1, "Failed"), (2, "Failed"), (3, "Succeeded")], summary
+        assert status["attempt"] == 3 and status["progress"]["epoch"] == epochs_in_all, status
+        first, second, third = record
+        # each attempt resumed the latest complete checkpoint: never from scratch, never behind
+        assert first.get("resumedFromEpoch") is None and first["reachedEpoch"] >= killed_after[0], summary
+        assert 1 <= second["resumedFromEpoch"] <= first["reachedEpoch"], summary
+        assert second["reachedEpoch"] >= killed_after[1] >= second["resumedFromEpoch"] + 2, summary
+        assert second["resumedFromEpoch"] < third["resumedFromEpoch"] <= second["reachedEpoch"], summary
+        assert third["reachedEpoch"] == epochs_in_all, summary
+        assert [a["endTime"] for a in record[:2]] == [a["startTime"] for a in record[1:]], record
+        # the driver's error, KubeRay's words (-9: killed); attempt 2's unless the operator's pass came
+        # after KubeRay's short Retrying state had passed (a reconcile works from the state as it stands)
+        last_error = status["lastError"]
+        assert last_error["source"] == "driver" and last_error["attempt"] in (1, 2), last_error
+        cpu = sum(a["cpuSeconds"] for a in record)
+        assert cpu == pytest.approx(status["cpuSeconds"], abs=0.01), (record, status["cpuSeconds"])
+        assert status["cpuHours"] == round(status["cpuSeconds"] / 3600, 3) and status["gpuSeconds"] == 0
+        # (Events carry whole seconds: an attempt's end and the next one's start may share one)
+        said = sorted(message.split(" (")[0].split(":")[0] for _, reason, message in kube.events(KILLED)
+                      if reason.startswith("Attempt"))  # fmt: skip
+        assert said == sorted(["attempt 1 failed", "attempt 2 started on a new Ray cluster", "attempt 2 failed",
+                               "attempt 3 started on a new Ray cluster", "attempt 3 succeeded"]), said  # fmt: skip
+        # The record against the pods' own running times (start on the node to the containers' end)
+        print(
+            f"killed twice on real pods: killed after epochs {killed_after}; attempts (n, outcome, resumed "
+            f"from, reached) {summary}; CPU-seconds on record {status['cpuSeconds']:.1f} (per attempt "
+            f"{[a['cpuSeconds'] for a in record]}), the pods' own {pods_cpu:.1f} over {len(pods.pods)} pods; "
+            f"lastError {last_error}; Succeeded in {time.monotonic() - t0:.0f}s"
+        )
+        assert status["cpuSeconds"] == pytest.approx(pods_cpu, rel=0.05), (status["cpuSeconds"], pods_cpu)
+        for attempt, said in (
+            (1, "rank 0 of 1 on"),
+            (2, f"resuming after epoch {second['resumedFromEpoch']}"),
+        ):
+            kept = rayship_logs(cluster, kube, "--attempt", str(attempt), ref=f"tj/{KILLED}")
+            assert kept.returncode == 0 and said in kept.stdout, (attempt, kept.stderr, kept.stdout[-2000:])
+    finally:
+        pods.stop.set()
+        cluster.kubectl("delete", "tj", KILLED, "-n", kube.namespace, "--ignore-not-found", "--wait=false")
+
+
 def test_ddp_trains_across_three_worker_pods_shrinks_to_two_and_grows_back(
     real_node, operator, kube: Kube
 ) -> None:
@@ -163,18 +324,22 @@ def test_ddp_trains_across_three_worker_pods_shrinks_to_two_and_grows_back(
     job = dict(SMALL_TRAINING, head={"cpus": 0.25, "memory": "3Gi"}, workers=elastic,
                trainer=dict(SAMPLE_TRAINER, epochs=epochs_in_all), data={"source": "synthetic", "samples": 4096},
                checkpoint=dict(SAMPLE_CHECKPOINT, everyEpochs=every))  # fmt: skip
+    pods = PodTimes(kube, TRAINING)
     apply(cluster, kube, "kind-trainingjob-cpu.yaml", **job)
     try:
         # the same job (same data, seed and epochs) that nothing disturbs: the quality band's reference
         apply(cluster, kube, "kind-trainingjob-cpu.yaml", name=UNDISTURBED, **job)
-        trained_elastic_job(cluster, kube, t0, epochs_in_all, every)
+        trained_elastic_job(cluster, kube, t0, epochs_in_all, every, pods)
     finally:
+        pods.stop.set()
         cluster.kubectl(
             "delete", "tj", UNDISTURBED, "-n", kube.namespace, "--ignore-not-found", "--wait=false"
         )
 
 
-def trained_elastic_job(cluster, kube: Kube, t0: float, epochs_in_all: int, every: int) -> None:
+def trained_elastic_job(
+    cluster, kube: Kube, t0: float, epochs_in_all: int, every: int, pods: PodTimes
+) -> None:
     """The test above, from the jobs' apply on."""
 
     # While it runs, `kubectl get tj` shows the epoch and the loss the workload patched (as the job's
@@ -279,24 +444,25 @@ def trained_elastic_job(cluster, kube: Kube, t0: float, epochs_in_all: int, ever
     assert deleted_at - 1 <= resumed < epochs_in_all, (status["progress"], epochs)
     model = status["checkpoint"]["model"]
     assert (on_host(kube, model) / "rayship-model.json").is_file(), f"{model} is not on the PVC"
-    # One attempt on record (Ray Train shrank and grew inside it: KubeRay did not retry), its figures
-    # the RayJob's own times x the CPUs the pods requested.
+    # One attempt on record (Ray Train shrank and grew inside it: KubeRay did not retry).
     (only,) = status["attempts"]
     assert (only["attempt"], only["outcome"], only["reachedEpoch"]) == (1, "Succeeded", epochs_in_all), only
     # the worker pod taken away and its replacement, in the attempt's record: 3 ready, 2, 3 again
     ready = [change["readyWorkers"] for change in only.get("workerChanges") or []]
     assert 3 in ready and 2 in ready[ready.index(3) :] and ready[-1] == 3, only
     assert (only["startTime"], only["endTime"]) == (rayjob["startTime"], rayjob["endTime"]), (only, rayjob)
-    spec = kube.get(TJ, TRAINING)["spec"]
-    cpus = spec["head"]["cpus"] + spec["workers"]["replicas"] * spec["workers"]["cpusPerWorker"]
-    span = (
-        datetime.fromisoformat(rayjob["endTime"]) - datetime.fromisoformat(rayjob["startTime"])
-    ).total_seconds()
-    assert only["cpuSeconds"] == status["cpuSeconds"] == pytest.approx(cpus * span, abs=cpus), (only, span)
-    assert status["gpuSeconds"] == 0 and status["cpuHours"] == round(status["cpuSeconds"] / 3600, 3)
     # Once KubeRay has deleted the cluster (ttlSecondsAfterFinished), `rayship logs` reads the same
     # files from the PVC through a reader pod: the driver's (each rank's lines) and one rank's own.
     wait_for(lambda: not kube.pods(f"ray.io/cluster={cluster_name}"), 120, what="the Ray cluster deleted")
+    # Its figures, once its pods are seen gone: the pods' own times (the worker taken away and its
+    # replacement included) x the CPUs each requested.
+    final = settled(kube, TRAINING)
+    pods_cpu = pods.cpu_seconds()
+    print(
+        f"CPU-seconds on record {final['cpuSeconds']}, the pods' own {pods_cpu:.1f} over {len(pods.pods)} pods"
+    )
+    assert final["attempts"][0]["cpuSeconds"] == final["cpuSeconds"] == pytest.approx(pods_cpu, rel=0.05)
+    assert final["gpuSeconds"] == 0 and final["cpuHours"] == round(final["cpuSeconds"] / 3600, 3)
     started = time.monotonic()
     kept = rayship_logs(cluster, kube)
     print(f"rayship logs from the PVC through a reader pod: {time.monotonic() - started:.1f}s")

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from rayship import api
-from rayship.api.trainingjob import AttemptStatus
+from rayship.api import AttemptStatus
 from rayship.controller import trainingjob
 from rayship.controller.conditions import owned_changes
 from rayship.controller.trainingjob import Observation, derive
@@ -200,7 +200,35 @@ def test_transition_time_kept_while_condition_status_is_unchanged() -> None:
     assert conditions(done)["Complete"]["lastTransitionTime"] == "2026-11-22T12:09:00Z"
 
 
-def test_rayjob_fields_and_gpu_seconds() -> None:
+def ray_pod(
+    name: str,
+    cluster: str,
+    start: datetime | None,
+    *,
+    cpus: str = "500m",
+    gpus: int = 0,
+    end: datetime | None = None,
+    deleting: datetime | None = None,
+    phase: str = "Running",
+) -> dict:
+    """A Ray pod as the API server returns it: its cluster's label, its requests and limits, its start
+    on the node, its containers' end and its deletion deadline."""
+    limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    status: dict = {"phase": phase}
+    if start is not None:
+        status["startTime"] = rfc(start)
+    if end is not None:
+        status["containerStatuses"] = [{"name": "ray", "state": {"terminated": {"finishedAt": rfc(end)}}}]
+    metadata: dict = {"name": name, "labels": {"ray.io/cluster": cluster}}
+    if deleting is not None:
+        metadata["deletionTimestamp"] = rfc(deleting)
+    resources = {"requests": {"cpu": cpus}, "limits": limits}
+    return {"metadata": metadata, "spec": {"containers": [{"name": "ray", "resources": resources}]}, "status": status}  # fmt: skip
+
+
+def test_rayjob_fields_and_gpu_seconds_from_the_pods_own_times() -> None:
+    """GPU- and CPU-seconds are each pod's own running time x what it holds: a pod not on a node yet
+    holds nothing; one running is counted until now."""
     rj = rayjob(
         "Running",
         "RUNNING",
@@ -209,11 +237,25 @@ def test_rayjob_fields_and_gpu_seconds() -> None:
         dashboardURL="rj-head-svc:8265",
         startTime="2026-11-22T11:59:00Z",
     )
-    st = derive(obs(rj, gpus=4), NOW)
+    at = NOW - timedelta(seconds=50)
+    pods = (
+        ray_pod("head", "rj-abcde", at, cpus="1"),
+        ray_pod("w-0", "rj-abcde", at + timedelta(seconds=10), gpus=2, cpus="2"),
+        ray_pod("w-1", "rj-abcde", at + timedelta(seconds=10), gpus=2, cpus="2"),
+        ray_pod("w-2", "rj-abcde", None, gpus=2, cpus="2", phase="Pending"),  # unschedulable: holds nothing
+        ray_pod("other", "rj-other", at, gpus=8),  # another job's cluster
+    )
+    st = derive(obs(rj, gpus=4, ray_pods=pods), NOW)
     assert st["rayJobName"] == "rj" and st["rayClusterName"] == "rj-abcde" and st["jobId"] == "rj-xyz"
     assert st["dashboardURL"] == "rj-head-svc:8265" and st["startTime"] == "2026-11-22T11:59:00Z"
-    assert st["gpus"] == 4 and st["gpuSeconds"] == 240.0
+    assert st["gpus"] == 4 and st["gpuSeconds"] == 2 * 2 * 40 and st["cpuSeconds"] == 50 + 2 * 2 * 40
     assert "completionTime" not in st
+    (attempt,) = st["attempts"]
+    assert [p["name"] for p in attempt["pods"]] == ["head", "w-0", "w-1"]
+    # a pass that does not look counts the pods it knows until its own time
+    later = derive(obs(rj, current=st, gpus=4), NOW + timedelta(seconds=10))
+    assert later["gpuSeconds"] == 2 * 2 * 50
+    AttemptStatus.model_validate(later["attempts"][0])  # what the CRD's schema (generated from it) takes
 
 
 def test_ready_workers_are_counted_while_running_and_cleared_after() -> None:
@@ -272,17 +314,59 @@ def test_a_child_refused_by_the_api_server_is_invalid_with_its_message() -> None
     assert failed["phase"] == "Failed" and conditions(failed)["Failed"]["reason"] == "WorkloadIdentityTaken"
 
 
-def test_gpu_seconds_are_summed_over_attempts() -> None:
-    """KubeRay restarts status.startTime with every attempt."""
-    first = rayjob("Running", "RUNNING", startTime="2026-11-22T11:00:00Z")
-    st = derive(obs(first, gpus=4), NOW)  # NOW is 12:00: one hour on 4 GPUs
-    assert st["gpuSeconds"] == 4 * 3600 and st["attempt"] == 1
-    second = rayjob("Running", "RUNNING", startTime="2026-11-22T11:30:00Z", failed=1)
-    st = derive(obs(second, current=st, gpus=4), NOW)
-    assert st["gpuSecondsEarlierAttempts"] == 4 * 1800 and st["gpuSeconds"] == 4 * 3600
-    assert st["attempt"] == 2
-    later = derive(obs(second, current=st, gpus=4), NOW + timedelta(minutes=30))
-    assert later["gpuSeconds"] == 4 * 1800 + 4 * 3600  # earlier attempts are not counted twice
+def test_an_attempts_pods_count_until_they_are_gone_and_then_it_is_settled() -> None:
+    """KubeRay restarts status.startTime with every attempt and deletes the old cluster: its pods drain
+    on (counted until their containers end or their deletion deadline), then the attempt is settled:
+    its figures final, counted once in the earlier attempts' part."""
+    t0 = NOW - timedelta(hours=1)
+    first = rayjob("Running", "RUNNING", startTime=rfc(t0), rayClusterName="c1")
+    old = ray_pod("c1-w", "c1", t0, gpus=4, cpus="0")
+    st = derive(obs(first, gpus=4, ray_pods=(old,)), NOW - timedelta(minutes=30))  # 30 minutes on 4 GPUs
+    assert st["gpuSeconds"] == 4 * 1800 and st["attempt"] == 1
+    second = rayjob(
+        "Running", "RUNNING", startTime=rfc(NOW - timedelta(minutes=30)), failed=1, rayClusterName="c2"
+    )
+    going = ray_pod("c1-w", "c1", t0, gpus=4, cpus="0", deleting=NOW - timedelta(minutes=29, seconds=30))
+    new = ray_pod("c2-w", "c2", NOW - timedelta(minutes=29, seconds=50), gpus=4, cpus="0")
+    st = derive(obs(second, current=st, gpus=4, ray_pods=(going, new)), NOW)
+    first_record, second_record = st["attempts"]
+    assert first_record["endTime"] == rfc(NOW - timedelta(minutes=30)) and "pods" in first_record  # unsettled
+    assert first_record["gpuSeconds"] == 4 * 1830  # until its deletion deadline: it was still there
+    assert st["gpuSeconds"] == 4 * 1830 + 4 * 1790 and st["attempt"] == 2
+    assert trainingjob.look_again_in({"status": st}, second) == 0  # its pod is being deleted: soon
+    gone = derive(obs(second, current=st, gpus=4, ray_pods=(new,)), NOW + timedelta(minutes=30))
+    first_record = gone["attempts"][0]
+    assert "pods" not in first_record and first_record["gpuSeconds"] == 4 * 1830  # settled
+    assert gone["gpuSecondsEarlierAttempts"] == 4 * 1830
+    assert trainingjob.look_again_in({"status": gone}, second) is None
+    assert gone["gpuSeconds"] == 4 * 1830 + 4 * 3590  # the settled attempt is not counted twice
+    again = derive(obs(second, current=gone, gpus=4), NOW + timedelta(minutes=30))
+    assert again["gpuSeconds"] == gone["gpuSeconds"] and again["attempts"] == gone["attempts"]
+
+
+def test_the_pods_are_looked_at_when_an_attempt_starts_now_and_then_and_until_an_ended_ones_are_gone() -> (
+    None
+):
+    """The operator watches no pods: it LISTs a job's Ray pods when it needs them, not at every pass."""
+    from rayship.controller.trainingjob.attempts import POD_LOOK_SECONDS
+
+    tj = {"metadata": {"name": "tj"}, "status": {}}
+    running = rayjob("Running", "RUNNING", startTime=rfc(NOW), rayClusterName="c1")
+    selector = "rayship.dev/trainingjob=tj,ray.io/node-type"
+    assert trainingjob.ray_pods(tj, running, NOW) == selector  # a new attempt
+    st = derive(obs(running, ray_pods=()), NOW)
+    assert trainingjob.ray_pods({**tj, "status": st}, running, NOW + timedelta(seconds=10)) is None
+    due = NOW + timedelta(seconds=POD_LOOK_SECONDS)
+    assert trainingjob.ray_pods({**tj, "status": st}, running, due) == selector
+    done = rayjob("Complete", "SUCCEEDED", startTime=rfc(NOW), endTime=rfc(due), rayClusterName="c1")
+    lingering = derive(obs(done, current=st, ray_pods=(ray_pod("h", "c1", NOW),)), due)  # its TTL runs
+    assert trainingjob.look_again_in({**tj, "status": lingering}, done) == POD_LOOK_SECONDS
+    ended = derive(obs(done, current=st, ray_pods=(ray_pod("h", "c1", NOW, deleting=due),)), due)
+    assert trainingjob.ray_pods({**tj, "status": ended}, done, due) == selector  # until its pods are gone
+    assert trainingjob.look_again_in({**tj, "status": ended}, done) == 0  # being deleted: soon
+    settled = derive(obs(done, current=ended, ray_pods=()), due + timedelta(seconds=5))
+    assert trainingjob.ray_pods({**tj, "status": settled}, done, due + timedelta(hours=1)) is None
+    assert settled["cpuSeconds"] == 0.5 * POD_LOOK_SECONDS
 
 
 def test_a_queued_job_is_reported_as_queued_not_suspended() -> None:
@@ -368,31 +452,44 @@ def test_last_error_names_a_crashing_container_then_a_failed_attempts_driver_err
 
 def test_a_job_killed_twice_has_three_attempts_on_record_whose_figures_add_up_to_the_totals() -> None:
     """status.attempts from what the operator sees, pass by pass: KubeRay's startTime changing at each
-    attempt, its failure count, the workload's progress. Each attempt says what it resumed from and
-    reached; their GPU- and CPU-seconds add up to the job's totals; an Event at each start and end."""
-    t = [NOW + timedelta(seconds=s) for s in (0, 100, 160, 170, 300, 340, 350, 500)]
+    attempt, its failure count, the workload's progress, each attempt's Ray pods (which start after it
+    and drain on after it). Each attempt says what it resumed from and reached; their GPU- and
+    CPU-seconds are their pods' own times and add up to the job's totals; an Event at each start and end."""
+    t = [NOW + timedelta(seconds=s) for s in (0, 100, 160, 170, 300, 340, 350, 500, 530)]
     when = [rfc(x) for x in t]
-    progress: dict = {}
-    passes = [  # (time, RayJob status, the workload's progress by then)
-        (0, {"jobDeploymentStatus": "Initializing", "startTime": when[0]}, {}),
-        (1, {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "startTime": when[0]}, {"epoch": 2}),
-        (2, {"jobDeploymentStatus": "Retrying", "jobStatus": "FAILED", "startTime": when[0], "failed": 1,
-             "reason": "AppFailed"}, {"epoch": 2}),
-        (3, {"jobDeploymentStatus": "Initializing", "startTime": when[3], "failed": 1}, {"epoch": 2}),
-        (4, {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "startTime": when[3], "failed": 1},
-         {"epoch": 3, "resumedFromEpoch": 2}),
-        (5, {"jobDeploymentStatus": "Running", "jobStatus": "FAILED", "startTime": when[3], "failed": 1},
-         {"epoch": 4, "resumedFromEpoch": 2}),
-        (6, {"jobDeploymentStatus": "Initializing", "startTime": when[6], "failed": 2},
-         {"epoch": 4, "resumedFromEpoch": 2}),
-        (7, {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED", "startTime": when[6], "failed": 2,
-             "endTime": when[7]}, {"epoch": 6, "resumedFromEpoch": 4}),
+
+    def at(s: int) -> datetime:
+        return NOW + timedelta(seconds=s)
+
+    def pod(n: int, start: int | None, **kw) -> dict:
+        return ray_pod(f"c{n}-w", f"c{n}", None if start is None else at(start), gpus=2, cpus="2500m", **kw)
+
+    def rj(deployment: str, job: str, start: int, cluster: int, **kw) -> dict:
+        status = {"jobDeploymentStatus": deployment, "jobStatus": job, "startTime": when[start],
+                  "rayClusterName": f"c{cluster}", **kw}  # fmt: skip
+        return {"metadata": {"name": "rj"}, "status": status}
+
+    passes = [  # (time, RayJob, the workload's progress by then, the pods seen then)
+        (0, rj("Initializing", "", 0, 1), {}, ()),
+        (1, rj("Running", "RUNNING", 0, 1), {"epoch": 2}, (pod(1, 10),)),
+        (2, rj("Retrying", "FAILED", 0, 1, failed=1, reason="AppFailed"), {"epoch": 2},
+         (pod(1, 10, deleting=at(190)),)),
+        (3, rj("Initializing", "", 3, 2, failed=1), {"epoch": 2},
+         (pod(1, 10, deleting=at(190)), pod(2, None, phase="Pending"))),
+        (4, rj("Running", "RUNNING", 3, 2, failed=1), {"epoch": 3, "resumedFromEpoch": 2}, (pod(2, 180),)),
+        (5, rj("Running", "FAILED", 3, 2, failed=1), {"epoch": 4, "resumedFromEpoch": 2}, (pod(2, 180),)),
+        (6, rj("Initializing", "", 6, 3, failed=2), {"epoch": 4, "resumedFromEpoch": 2},
+         (pod(2, 180, deleting=at(380)),)),
+        (7, rj("Complete", "SUCCEEDED", 6, 3, failed=2, endTime=when[7]), {"epoch": 6, "resumedFromEpoch": 4},
+         (pod(3, 360),)),
+        (8, rj("Complete", "SUCCEEDED", 6, 3, failed=2, endTime=when[7]), {"epoch": 6, "resumedFromEpoch": 4},
+         (pod(3, 360, deleting=at(540), end=at(520)),)),
     ]  # fmt: skip
     current: dict = {}
     events: list = []
-    for i, rj_status, progress in passes:
+    for i, rayjob_, progress, pods in passes:
         current = {**current, "progress": progress}
-        st = derive(obs({"metadata": {"name": "rj"}, "status": rj_status}, current, gpus=2, cpus=2.5), t[i])
+        st = derive(obs(rayjob_, current, gpus=2, ray_pods=pods), t[i])
         events += trainingjob.announce(current, st)
         current = {**st, "progress": progress}
     record = current["attempts"]
@@ -407,9 +504,14 @@ def test_a_job_killed_twice_has_three_attempts_on_record_whose_figures_add_up_to
         (when[6], when[7]),
     ]
     assert record[0]["reason"] == "AppFailed" and record[2]["reason"] == "JobSucceeded"
-    assert sum(a["gpuSeconds"] for a in record) == current["gpuSeconds"] == 2 * 500
-    assert sum(a["cpuSeconds"] for a in record) == current["cpuSeconds"] == 2.5 * 500
-    assert current["gpuHours"] == round(1000 / 3600, 3) and current["attempt"] == 3
+    assert [a["rayClusterName"] for a in record] == ["c1", "c2", "c3"]
+    assert all("pods" not in a for a in record)  # every pod gone: settled
+    # the pods' own times: 10-180 (last seen running at 170, gone before its deadline 190: the
+    # middle), 180-365 (last seen at 350, deadline 380), 360-520 (its containers' end, seen)
+    assert [a["gpuSeconds"] for a in record] == [2 * 170, 2 * 185, 2 * 160]
+    assert sum(a["gpuSeconds"] for a in record) == current["gpuSeconds"] == 2 * 515
+    assert sum(a["cpuSeconds"] for a in record) == current["cpuSeconds"] == 2.5 * 515
+    assert current["gpuHours"] == round(1030 / 3600, 3) and current["attempt"] == 3
     said = [(e.reason, e.message.split(":")[0]) for e in events if e.reason.startswith("Attempt")]
     assert said == [  # the first attempt's start: the RayJob's creation Event says it
         ("AttemptEnded", "attempt 1 failed (AppFailed)"),
@@ -419,10 +521,8 @@ def test_a_job_killed_twice_has_three_attempts_on_record_whose_figures_add_up_to
         ("AttemptEnded", "attempt 3 succeeded (JobSucceeded)"),
     ]
     # Another pass with nothing new changes nothing (a status written only when it changed).
-    again = derive(
-        obs({"metadata": {"name": "rj"}, "status": passes[-1][1]}, current, gpus=2, cpus=2.5), t[7]
-    )
-    assert again["attempts"] == record
+    again = derive(obs(passes[-1][1], current, gpus=2), t[8] + timedelta(seconds=60))
+    assert again["attempts"] == record and again["gpuSeconds"] == current["gpuSeconds"]
 
 
 def test_an_attempt_records_each_change_of_its_ready_worker_count() -> None:
@@ -452,9 +552,9 @@ def test_only_the_last_20_attempts_are_kept() -> None:
             "outcome": "Failed", "reason": "AppFailed"} for n in range(1, 21)]  # fmt: skip
     st = {"jobDeploymentStatus": "Initializing", "startTime": rfc(NOW + timedelta(seconds=60)), "failed": 20}
     stored = {"attempts": old, "gpuSecondsEarlierAttempts": 7.0}
-    out = accounted(stored, st, "Pending", "ClusterInitializing", 21, (1, 1), NOW + timedelta(seconds=61))
+    out = accounted(stored, st, "Pending", "ClusterInitializing", 21, NOW + timedelta(seconds=61))
     record = out["attempts"]
-    assert out["gpuSeconds"] == 7.0 + 1  # the dropped attempts still count
+    assert out["gpuSeconds"] == 7.0  # the dropped attempts still count
     assert len(record) == MAX_ATTEMPTS_KEPT and record[0]["attempt"] == 2 and record[-1]["attempt"] == 21
 
 
@@ -463,17 +563,23 @@ def rfc(moment: datetime) -> str:
 
 
 def test_a_suspension_closes_the_attempt_and_its_time_suspended_is_not_counted() -> None:
-    """Suspended, the job's Ray cluster is deleted: its attempt closes then; a resume opens a new one
-    (KubeRay sets a new startTime and counts no failure): no GPU time counted in between."""
+    """Suspended, the job's Ray cluster is deleted: its attempt closes then (its pods count until they
+    are gone); a resume opens a new one (KubeRay sets a new startTime and counts no failure) on a new
+    cluster: no GPU time counted in between."""
     t0, t1, t2, t3 = (NOW + timedelta(seconds=s) for s in (0, 100, 400, 460))
-    running = rayjob("Running", "RUNNING", startTime=rfc(t0))
-    st = derive(obs(running, gpus=2), t1)
-    st = derive(obs(rayjob("Suspended", "", startTime=rfc(t0)), current=st, gpus=2), t1)
+    running = rayjob("Running", "RUNNING", startTime=rfc(t0), rayClusterName="c1")
+    st = derive(obs(running, gpus=2, ray_pods=(ray_pod("c1-w", "c1", t0, gpus=2),)), t1)
+    going = (ray_pod("c1-w", "c1", t0, gpus=2, deleting=t1 + timedelta(seconds=30)),)
+    st = derive(obs(rayjob("Suspended", "", startTime=rfc(t0)), current=st, gpus=2, ray_pods=going), t1)
     assert st["attempts"][0]["outcome"] == "Suspended" and st["gpuSeconds"] == 200
-    st = derive(obs(rayjob("Suspended", "", startTime=rfc(t0)), current=st, gpus=2), t2)
-    assert st["gpuSeconds"] == 200  # nothing runs while suspended
-    resumed = derive(obs(rayjob("Running", "RUNNING", startTime=rfc(t2)), current=st, gpus=2), t3)
+    st = derive(obs(rayjob("Suspended", "", startTime=rfc(t0)), current=st, gpus=2, ray_pods=()), t2)
+    # its pod drained on (gone before its deadline, 30 s on: counted to the middle, 15 s); nothing
+    # runs while suspended
+    assert st["gpuSeconds"] == 230
+    resumed_rj = rayjob("Running", "RUNNING", startTime=rfc(t2), rayClusterName="c2")
+    pods = (ray_pod("c2-w", "c2", t2 + timedelta(seconds=10), gpus=2),)
+    resumed = derive(obs(resumed_rj, current=st, gpus=2, ray_pods=pods), t3)
     assert [(a["attempt"], a.get("outcome")) for a in resumed["attempts"]] == [(1, "Suspended"), (1, None)]
-    assert resumed["gpuSeconds"] == 200 + 2 * 60
+    assert resumed["gpuSeconds"] == 230 + 2 * 50
     (event,) = [e for e in trainingjob.announce(st, resumed) if e.reason == "AttemptStarted"]
     assert event.message == "attempt 1 started on a new Ray cluster"

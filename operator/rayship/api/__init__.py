@@ -14,6 +14,7 @@ attributes.
 
 from __future__ import annotations
 
+from rayship.api.attempts import MAX_WORKER_CHANGES, AttemptStatus, PodUse, WorkerChange
 from rayship.api.common import (
     API_VERSION,
     CONDITION_REASON_PATTERN,
@@ -115,7 +116,6 @@ from rayship.api.trainer import (
 )
 from rayship.api.trainingjob import (
     DATA_FORMATS,
-    MAX_WORKER_CHANGES,
     TERMINAL_PHASES,
     TRAINING_JOB,
     CheckpointSpec,
@@ -135,7 +135,6 @@ from rayship.api.trainingjob import (
     TrainingJobStatus,
     TuningStatus,
     ValidationDataSpec,
-    WorkerChange,
     WorkersSpec,
 )
 from rayship.api.trainingschedule import (
@@ -297,6 +296,8 @@ __all__ = [
     "TRAININGSCHEDULES",
     "MAX_WORKER_CHANGES",
     "WorkerChange",
+    "AttemptStatus",
+    "PodUse",
     "fill_placeholders",
     "CRON_MACROS",
     "MAX_SCHEDULE_NAME",

@@ -8,6 +8,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from rayship.api.attempts import AttemptStatus
 from rayship.api.common import (
     DNS1123_LABEL_PATTERN,
     ENV_NAME_PATTERN,
@@ -41,9 +42,6 @@ from rayship.api.trainer import TrackingSpec, TrainerSpec
 from rayship.api.tuning import TuningSpec
 
 DATA_FORMATS = Literal["parquet", "csv", "jsonl"]
-
-
-MAX_WORKER_CHANGES = 20  # per attempt: a flapping node cannot grow the status without bound
 
 
 class ValidationDataSpec(ApiModel):
@@ -468,40 +466,6 @@ class LastError(ApiModel):
     time: str | None = Field(None, description="When the operator saw it (RFC 3339).")
 
 
-class WorkerChange(ApiModel):
-    """The ready worker count of an attempt's Ray cluster, from a time on."""
-
-    time: str = Field(..., description="When the operator saw it (RFC 3339).")
-    ready_workers: int = Field(..., ge=0, description="Worker pods KubeRay counted ready.")
-
-
-class AttemptStatus(ApiModel):
-    """One attempt of the job: each runs on a new Ray cluster (KubeRay's retries)."""
-
-    attempt: int = Field(..., ge=1, description="Its number, from 1.")
-    start_time: str = Field(..., description="When KubeRay started it (RFC 3339).")
-    end_time: str | None = Field(None, description="When it ended (RFC 3339); unset while it runs.")
-    outcome: Literal["Succeeded", "Failed", "Suspended"] | None = Field(
-        None, description="How it ended (Suspended: its cluster was deleted; a resume starts a new one)."
-    )
-    reason: str | None = Field(None, description="Why, in KubeRay's or rayship's words.")
-    resumed_from_epoch: int | None = Field(
-        None, ge=1, description="It resumed from the checkpoint of this epoch (as the workload reported)."
-    )
-    reached_epoch: int | None = Field(None, ge=0, description="The last epoch it completed (as reported).")
-    gpu_seconds: float | None = Field(None, ge=0, description="GPUs requested x its running time.")
-    cpu_seconds: float | None = Field(
-        None, ge=0, description="CPUs requested (head and workers) x its running time."
-    )
-    worker_changes: list[WorkerChange] = Field(
-        default_factory=list,
-        max_length=MAX_WORKER_CHANGES,
-        description="Each change of its ready worker count while it ran: a worker pod lost (a spot "
-        "reclaim, a drain) and back; an elastic job (workers.minReplicas) trains on with fewer. The "
-        f"first is the count it started with; the last {MAX_WORKER_CHANGES} are kept.",
-    )
-
-
 class TrainingJobStatus(ApiModel):
     """Observed state, mirrored from the RayJob by the operator."""
 
@@ -534,7 +498,7 @@ class TrainingJobStatus(ApiModel):
         None, ge=0, description="GPU-seconds held by the Ray job so far, summed over its attempts."
     )
     gpu_seconds_earlier_attempts: float | None = Field(
-        None, ge=0, description="The part of gpuSeconds from attempts before the current one."
+        None, ge=0, description="The part of gpuSeconds from attempts whose pods are all gone."
     )
     gpu_hours: float | None = Field(None, ge=0, description="gpuSeconds in hours.")
     cpu_seconds: float | None = Field(
@@ -543,7 +507,7 @@ class TrainingJobStatus(ApiModel):
         description="CPU-seconds held by the Ray pods (head and workers) so far, over its attempts.",
     )
     cpu_seconds_earlier_attempts: float | None = Field(
-        None, ge=0, description="The part of cpuSeconds from attempts before the current one."
+        None, ge=0, description="The part of cpuSeconds from attempts whose pods are all gone."
     )
     cpu_hours: float | None = Field(None, ge=0, description="cpuSeconds in hours.")
     attempt: int | None = Field(None, ge=1, description="Current attempt (KubeRay retries: backoffLimit).")

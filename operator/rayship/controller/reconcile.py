@@ -38,10 +38,13 @@ class Controller:
     plan: Callable[
         [Mapping[str, Any], Mapping[str, Any] | None, Sequence[Mapping[str, Any]], OperatorConfig], Plan
     ]
-    # The label selector of the child's Ray pods while they are worth a look (not running yet).
-    pods: Callable[[Mapping[str, Any] | None], str | None]
+    # The label selector of the child's Ray pods when they are worth a look now (e.g. not running yet),
+    # from the resource, the child and the time.
+    pods: Callable[[Mapping[str, Any], Mapping[str, Any] | None, datetime], str | None]
+    # The status from the resource, the child, the plan, its Ray pods (None: not looked at) and the time.
     status: Callable[
-        [Mapping[str, Any], Mapping[str, Any] | None, Plan, list[dict[str, Any]], datetime], dict[str, Any]
+        [Mapping[str, Any], Mapping[str, Any] | None, Plan, list[dict[str, Any]] | None, datetime],
+        dict[str, Any],
     ]
     announce: Callable[[Mapping[str, Any], Mapping[str, Any]], list[Event]]
     # A GET through the API server's service proxy worth making before the status is derived
@@ -159,9 +162,10 @@ class Reconciler:
         if (probe := ctl.probe(todo, child, config)) is not None:
             todo = ctl.heard(todo, *k8s.proxy_get(namespace, probe))
         current = obj.get("status") or {}
-        selector = ctl.pods(child)
-        pods = k8s.list_pods(namespace, selector) if selector else []
-        desired = ctl.status(obj, child, todo, pods, datetime.now(UTC))
+        now = datetime.now(UTC)
+        selector = ctl.pods(obj, child, now)
+        pods = k8s.list_pods(namespace, selector) if selector else None
+        desired = ctl.status(obj, child, todo, pods, now)
         changes = owned_changes(current, desired)
         if not changes:
             return True

@@ -36,7 +36,7 @@ TRAINING = Controller(
     child_name=names.rayjob_name,
     related=lambda _: [],
     plan=trainingjob.plan,
-    pods=trainingjob.starting_pods,
+    pods=trainingjob.ray_pods,
     status=trainingjob.status,
     announce=trainingjob.announce,
 )
@@ -76,7 +76,9 @@ def _reconcile_queued(process: OperatorProcess, key: Key, fresh_child: bool) -> 
         if seen is not None and seen.child is not None and fresh_child:
             seen = replace(seen, child=k8s.get(api.RAYJOBS, namespace, names.rayjob_name(name)))
         reconcile_trainingjob(process, namespace, name, seen)
-        if (delay := recheck_in(process, seen)) is not None:
+        if (after := _watched_now(process, namespace, name)) is not None:
+            after = process.reconciler.with_own_write(TRAINING.kind, namespace, name, after)
+        if (delay := recheck_in(process, after)) is not None:
             process.queue.add_after(key, delay)
     except kopf.TemporaryError as err:
         log.info("TrainingJob %s/%s: %s; again in %s s", namespace, name, err, err.delay)
@@ -89,14 +91,15 @@ def _reconcile_queued(process: OperatorProcess, key: Key, fresh_child: bool) -> 
 
 
 def recheck_in(process: OperatorProcess, seen: Seen | None) -> float | None:
-    """When to look at a job again whose Ray pods are starting (None: not starting, as far as the
-    watch shows). The operator watches RayJobs, not pods, and KubeRay updates a RayJob only when its
+    """When to look at a job again whose Ray pods are starting, or whose ended attempt's pods are
+    still going (their time counts until they are gone) (None: neither, as far as the watch and our
+    own write show). The operator watches RayJobs, not pods, and KubeRay updates a RayJob only when its
     cluster's state changes: a worker that cannot pull its image, or is OOMKilled over and over, changes
     none. Without another look, the status said so only at the resync (two minutes), after about five
     restarts. Spread out by STARTING_LOOKS_PER_SECOND."""
-    if seen is None or TRAINING.pods(seen.child) is None:
+    if seen is None or (wait := trainingjob.look_again_in(seen.obj, seen.child)) is None:
         return None
-    return max(process.config.starting_seconds, len(process.trainingjobs) / STARTING_LOOKS_PER_SECOND)
+    return max(wait, process.config.starting_seconds, len(process.trainingjobs) / STARTING_LOOKS_PER_SECOND)
 
 
 def _keep_kopf_views(process: OperatorProcess, trainingjobs_seen: Index, rayjobs_seen: Index) -> None:

@@ -101,11 +101,12 @@ def status(
     modelservice: Mapping[str, Any],
     rayservice: Mapping[str, Any] | None,
     plan_: Plan,
-    pods: list[dict[str, Any]],
+    pods: list[dict[str, Any]] | None,
     now: datetime,
 ) -> dict[str, Any]:
     """The operator-owned status, once the plan was carried out and `rayservice` is what the server
-    holds; `pods` are the Ray pods of a cluster being prepared (why one cannot start is said)."""
+    holds; `pods` are the Ray pods of a cluster being prepared (why one cannot start is said; None:
+    not looked at)."""
     ctx: ServiceContext = plan_.context
     current = modelservice.get("status") or {}
     generation = modelservice["metadata"].get("generation", 0)
@@ -135,7 +136,7 @@ def status(
         out.update(_models_status(ctx, current, ctx.served, None) if ctx.multi else NO_MODELS_STATUS)
         return out
     phase, reason, message = serving_phase(rayservice, app)
-    stuck = pod_problem(pods)
+    stuck = pod_problem(pods or [])
     if phase == "Deploying" and stuck is not None:
         reason, message = stuck[0], f"{message}: {stuck[1]}"
     st = rayservice.get("status") or {}

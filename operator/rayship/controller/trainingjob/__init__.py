@@ -22,7 +22,9 @@ from rayship.controller.trainingjob.phase import (
     Observation,
     announce,
     derive,
+    look_again_in,
     phase_of,
+    ray_pods,
     starting_pods,
     status,
 )
@@ -77,6 +79,8 @@ __all__ = [
     "derive",
     "WORKLOAD_FIELDS",
     "starting_pods",
+    "ray_pods",
+    "look_again_in",
     "status",
     "BLOCKED_REASONS",
     "announce",

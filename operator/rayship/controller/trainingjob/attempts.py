@@ -5,15 +5,29 @@ keeps only the current one's `startTime` (set again at each attempt, and at a re
 failures. The operator turns what it sees into a record: an attempt is opened when a new `startTime`
 appears and closed when the next one appears, when the job is suspended (its cluster goes), or when
 the job ends. What an attempt reached comes from the workload's own progress (`status.progress`),
-frozen when it closes. The totals are the closed attempts' figures plus the open one's so far, so
-they always add up. The record lives in the TrainingJob's status: an operator restart loses nothing.
+frozen when it closes.
+
+What an attempt held comes from its Ray pods' own times, not KubeRay's: each pod from its start on
+the node (`status.startTime`) to its containers' end, x the CPUs it requests and the GPUs it is
+limited to. A cluster's pods outlive its attempt (workers drain for most of their grace period once
+KubeRay deletes the cluster) and start after it (scheduling): on real pods, KubeRay's times said 147
+CPU-seconds for a job killed twice whose pods had held 199.5. The operator watches no pods, so it
+looks (a LIST of the job's Ray pods) when an attempt starts, at most every POD_LOOK_SECONDS while it
+runs, and until every pod of a closed attempt is gone; a pod's end is its containers' end where a
+look saw it, else the middle between when it was last seen running and the earlier of the look that
+found it gone and its deletion deadline. Until its pods are all gone an attempt is unsettled: it keeps its pods in
+`pods`; then it keeps only its figures. The totals are the settled attempts' figures plus the others'
+so far, so they always add up. The record lives in the TrainingJob's status: an operator restart
+loses nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
+
+from kubernetes.utils import parse_quantity
 
 from rayship import api
 from rayship.controller.conditions import parse_time, rfc3339
@@ -21,7 +35,11 @@ from rayship.controller.conditions import parse_time, rfc3339
 MAX_ATTEMPTS_KEPT = 20  # the oldest are dropped; the totals cover every attempt
 ATTEMPT_FAILED_REASONS = frozenset({"AttemptEnded", "Retrying"})  # KubeRay: this attempt failed
 SUSPENDED_STATES = frozenset({"Suspending", "Suspended"})
-RESOURCES = (("gpu", 0), ("cpu", 1))  # (status field prefix, index in `rates`)
+RESOURCES = (("gpu", "gpus"), ("cpu", "cpus"))  # (status field prefix, the pod record's count)
+# A running attempt's pods are looked at this often at most (a LIST each): a pod that comes and goes
+# between two looks (a worker replaced) is counted from the next look on.
+POD_LOOK_SECONDS = 60
+CLUSTER_LABEL = "ray.io/cluster"
 
 
 def accounted(
@@ -30,15 +48,14 @@ def accounted(
     phase: str,
     reason: str,
     attempt: int | None,
-    rates: tuple[float, float],
     now: datetime,
     ready: int | None = None,
+    pods: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """status.attempts after this observation, with gpuSeconds/cpuSeconds (and their hours, and the
-    part of closed attempts). `rates`: the GPUs and the CPUs the job's Ray pods request; `ready`: the
-    ready worker count while it runs (None: not known)."""
+    settled attempts' part). `pods`: the job's Ray pods as looked at now (None: not looked at);
+    `ready`: the ready worker count while it runs (None: not known)."""
     kept = [dict(a) for a in current.get("attempts") or [] if isinstance(a, Mapping)]
-    closed_now: list[dict[str, Any]] = []
     start = parse_time(rayjob_status.get("startTime"))
     if start is not None and attempt is not None:
         progress = current.get("progress") or {}
@@ -46,31 +63,55 @@ def accounted(
         if last is None or parse_time(last.get("startTime")) != start:
             if last is not None and "endTime" not in last:  # its successor began: it ran until then
                 said = last.get("reason") or rayjob_status.get("reason") or "Retried"
-                closed_now.append(
-                    _close(last, start, str(last.get("outcome") or "Failed"), str(said), progress, rates)
-                )
+                _close(last, start, str(last.get("outcome") or "Failed"), str(said), progress)
             # KubeRay counts a failure before it starts the next attempt: `attempt` is this one's.
-            last = {"attempt": attempt, "startTime": rfc3339(start)}
+            last = {"attempt": attempt, "startTime": rfc3339(start), "pods": []}
             kept.append(last)
+        cluster = rayjob_status.get("rayClusterName")
+        if (
+            cluster
+            and "rayClusterName" not in last
+            and cluster not in {a.get("rayClusterName") for a in kept}
+        ):
+            last["rayClusterName"] = cluster  # the cluster this attempt runs on: its pods' label
         if "endTime" not in last:
+            last.setdefault("pods", [])  # an attempt opened before pods were counted
             if phase in api.TERMINAL_PHASES:
-                end = parse_time(rayjob_status.get("endTime")) or now
-                closed_now.append(_close(last, end, phase, reason, progress, rates))
+                _close(last, parse_time(rayjob_status.get("endTime")) or now, phase, reason, progress)
             elif rayjob_status.get("jobDeploymentStatus") in SUSPENDED_STATES:
-                closed_now.append(_close(last, now, "Suspended", "Suspended", progress, rates))
+                _close(last, now, "Suspended", "Suspended", progress)
             else:
-                _measure(last, now, progress, rates)
+                _progress(last, progress)
                 _note_workers(last, ready, now)
                 if reason in ATTEMPT_FAILED_REASONS:
-                    # Failed; its cluster goes and the next attempt's comes: counted until the next
-                    # one starts, and closed then.
+                    # Failed; its cluster goes and the next attempt's comes: closed when that one starts.
                     last.update(outcome="Failed", reason=str(rayjob_status.get("reason") or reason))
+    return _totals(current, kept, now, pods)
+
+
+def _totals(
+    current: Mapping[str, Any],
+    kept: list[dict[str, Any]],
+    now: datetime,
+    pods: Sequence[Mapping[str, Any]] | None,
+) -> dict[str, Any]:
+    settled_now: list[dict[str, Any]] = []
+    for entry in kept:
+        if "pods" not in entry:
+            continue  # settled: its figures are final
+        if pods is not None:
+            _look(
+                entry, [p for p in pods if _labels(p).get(CLUSTER_LABEL) == entry.get("rayClusterName")], now
+            )
+        _held(entry, now)
+        if "endTime" in entry and _settled(entry):
+            del entry["pods"], entry["podsSeenTime"]
+            settled_now.append(entry)
     out: dict[str, Any] = {"attempts": kept[-MAX_ATTEMPTS_KEPT:]} if kept else {}
-    running = kept[-1] if kept and "endTime" not in kept[-1] else {}
     for field, _ in RESOURCES:
         earlier = float(current.get(f"{field}SecondsEarlierAttempts") or 0.0)
-        earlier = round(earlier + sum(a.get(f"{field}Seconds") or 0.0 for a in closed_now), 3)
-        total = round(earlier + (running.get(f"{field}Seconds") or 0.0), 3)
+        earlier = round(earlier + sum(a.get(f"{field}Seconds") or 0.0 for a in settled_now), 3)
+        total = round(earlier + sum(a.get(f"{field}Seconds") or 0.0 for a in kept if "pods" in a), 3)
         if kept or earlier:
             out.update({
                 f"{field}Seconds": total,
@@ -80,14 +121,131 @@ def accounted(
     return out
 
 
-def _measure(
-    entry: dict[str, Any], end: datetime, progress: Mapping[str, Any], rates: tuple[float, float]
-) -> None:
-    """An attempt's figures until `end`: the resources it held and what the workload reported."""
-    start = parse_time(entry.get("startTime")) or end
-    seconds = max(0, round((end - start).total_seconds()))
-    for field, i in RESOURCES:
-        entry[f"{field}Seconds"] = float(round(seconds * rates[i], 3))
+def look_due(current: Mapping[str, Any], rayjob_status: Mapping[str, Any], now: datetime) -> bool:
+    """Whether this pass should look at the job's Ray pods for its figures: a new attempt, a closed
+    one whose pods may not all be gone, or a running one not looked at for POD_LOOK_SECONDS."""
+    kept = [a for a in current.get("attempts") or [] if isinstance(a, Mapping)]
+    start = rayjob_status.get("startTime")
+    if start and (not kept or parse_time(kept[-1].get("startTime")) != parse_time(start)):
+        return True
+    for entry in kept:
+        if "pods" not in entry:
+            continue
+        seen = parse_time(entry.get("podsSeenTime"))
+        if "endTime" in entry or seen is None or (now - seen).total_seconds() >= POD_LOOK_SECONDS:
+            return True
+    return False
+
+
+def settling(current: Mapping[str, Any]) -> float | None:
+    """How soon an ended attempt's pods are worth another look (None: no ended attempt has pods that
+    may still run): soon (0) while one is being deleted or has not been looked at since it ended,
+    else every POD_LOOK_SECONDS (a finished job's cluster lingers for its ttlSecondsAfterFinished)."""
+    ended = [
+        a for a in current.get("attempts") or [] if isinstance(a, Mapping) and "endTime" in a and "pods" in a
+    ]
+    if not ended:
+        return None
+    for entry in ended:
+        seen, end = parse_time(entry.get("podsSeenTime")), parse_time(entry.get("endTime"))
+        going = any(r.get("deadline") and not r.get("ended") for r in entry.get("pods") or [])
+        if going or seen is None or end is None or seen < end:
+            return 0.0
+    return float(POD_LOOK_SECONDS)
+
+
+def _labels(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (pod.get("metadata") or {}).get("labels") or {}
+
+
+def pod_use(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What a Ray pod holds and since when (None: not on a node yet, holding nothing): its start, the
+    CPUs its containers request, the GPUs (`*/gpu` resources) they are limited to; `endTime` once its
+    containers have all ended (a pod that ran to its end, or one being deleted); `deadline` once it is
+    being deleted (the kubelet kills it then at the latest)."""
+    status = pod.get("status") or {}
+    if not status.get("startTime"):
+        return None
+    containers = (pod.get("spec") or {}).get("containers") or []
+    resources = [c.get("resources") or {} for c in containers]
+    use: dict[str, Any] = {
+        "name": (pod.get("metadata") or {}).get("name"),
+        "startTime": status["startTime"],
+        "cpus": float(sum(parse_quantity((r.get("requests") or {}).get("cpu", "0")) for r in resources)),
+        "gpus": int(sum(parse_quantity(v) for r in resources for k, v in (r.get("limits") or {}).items()
+                        if k.endswith("/gpu"))),
+    }  # fmt: skip
+    deleting = (pod.get("metadata") or {}).get("deletionTimestamp")
+    if deleting:
+        use["deadline"] = deleting
+    # A container between two runs is terminated too: the pod has ended only if it will not run again.
+    ends = [
+        ((s.get("state") or {}).get("terminated") or {}).get("finishedAt")
+        for s in status.get("containerStatuses") or []
+    ]
+    finished = [str(end) for end in ends if end]
+    if (deleting or status.get("phase") in ("Succeeded", "Failed")) and len(finished) == len(containers) > 0:
+        use["endTime"] = max(finished)
+    return use
+
+
+def _look(entry: dict[str, Any], pods: Sequence[Mapping[str, Any]], now: datetime) -> None:
+    """The attempt's pod records after a look at its cluster's pods at `now`."""
+    records = {r["name"]: dict(r) for r in entry.get("pods") or []}
+    present = set()
+    for pod in pods:
+        use = pod_use(pod)
+        if use is None:
+            continue
+        present.add(use["name"])
+        record = records.setdefault(use["name"], {})
+        if record.get("ended"):
+            continue
+        record.update(use)
+        if "endTime" in use:
+            record["ended"] = True
+        else:  # running as of now; killed at its deletion deadline at the latest
+            deadline = parse_time(use.get("deadline"))
+            record["endTime"] = rfc3339(min(now, deadline) if deadline is not None else now)
+    for name, record in records.items():
+        if name not in present and not record.get("ended"):
+            # Gone since the last look, its end unseen: after it was last seen running, before this
+            # look and its deletion deadline: counted to the middle (off by half that gap at most).
+            last_seen = parse_time(record.get("endTime")) or now
+            deadline = parse_time(record.get("deadline"))
+            latest = max(last_seen, min(deadline, now) if deadline is not None else now)
+            record["endTime"] = rfc3339(last_seen + (latest - last_seen) / 2)
+            record["ended"] = True
+    entry["pods"] = [records[n] for n in sorted(records)]
+    entry["podsSeenTime"] = rfc3339(now)
+
+
+def _held(entry: dict[str, Any], now: datetime) -> None:
+    """The attempt's GPU- and CPU-seconds: each pod's time x what it holds; a pod not ended is counted
+    until now (until its deletion deadline, if that is sooner)."""
+    totals = {field: 0.0 for field, _ in RESOURCES}
+    for record in entry.get("pods") or []:
+        start, end = parse_time(record.get("startTime")), parse_time(record.get("endTime"))
+        if start is None or end is None:
+            continue
+        if not record.get("ended"):
+            deadline = parse_time(record.get("deadline"))
+            end = max(end, min(now, deadline) if deadline is not None else now)
+        seconds = max(0.0, (end - start).total_seconds())
+        for field, count in RESOURCES:
+            totals[field] += seconds * float(record.get(count) or 0)
+    for field, _ in RESOURCES:
+        entry[f"{field}Seconds"] = round(totals[field], 3)
+
+
+def _settled(entry: Mapping[str, Any]) -> bool:
+    """Closed, looked at since it closed, and every pod it had has ended."""
+    seen, end = parse_time(entry.get("podsSeenTime")), parse_time(entry.get("endTime"))
+    return seen is not None and end is not None and seen >= end and all(r.get("ended") for r in entry["pods"])
+
+
+def _progress(entry: dict[str, Any], progress: Mapping[str, Any]) -> None:
+    """What the workload reported of the attempt: the epoch it reached and the one it resumed from."""
     if progress.get("epoch") is not None:
         entry["reachedEpoch"] = progress["epoch"]
     if progress.get("resumedFromEpoch") is not None:
@@ -105,16 +263,10 @@ def _note_workers(entry: dict[str, Any], ready: int | None, now: datetime) -> No
 
 
 def _close(
-    entry: dict[str, Any],
-    end: datetime,
-    outcome: str,
-    reason: str,
-    progress: Mapping[str, Any],
-    rates: tuple[float, float],
-) -> dict[str, Any]:
-    _measure(entry, end, progress, rates)
+    entry: dict[str, Any], end: datetime, outcome: str, reason: str, progress: Mapping[str, Any]
+) -> None:
+    _progress(entry, progress)
     entry.update(endTime=rfc3339(end), outcome=outcome, reason=reason)
-    return entry
 
 
 def changed_attempts(

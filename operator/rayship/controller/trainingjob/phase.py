@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from rayship import api
+from rayship.api import names
 from rayship.controller.conditions import (
     Event,
     Plan,
@@ -20,7 +21,14 @@ from rayship.controller.conditions import (
     rfc3339,
     truncate,
 )
-from rayship.controller.trainingjob.attempts import ATTEMPT_FAILED_REASONS, accounted, changed_attempts
+from rayship.controller.trainingjob.attempts import (
+    ATTEMPT_FAILED_REASONS,
+    CLUSTER_LABEL,
+    accounted,
+    changed_attempts,
+    look_due,
+    settling,
+)
 from rayship.controller.trainingjob.rayjob import REPLICA_FAILURE_REASONS, STUCK_REASONS
 
 ANY = "*"
@@ -96,6 +104,7 @@ class Observation:
     rejected: tuple[str, str, str] | None = None  # (phase, reason, message) from the API server
     queue: str | None = None  # Kueue LocalQueue: Kueue, not the spec, suspends and resumes the RayJob
     pods: tuple[str, str] | None = None  # (reason, message): why a Ray pod cannot start
+    ray_pods: tuple[Mapping[str, Any], ...] | None = None  # the job's Ray pods as looked at (None: not)
     keep: bool = False  # keep the stored status (a spec the API server refused, not edited since)
 
 
@@ -318,10 +327,8 @@ def _rayjob_fields(
         out["readyWorkers"] = ready if phase == "Running" and isinstance(ready, int) else None
     if obs.gpus is not None:
         out["gpus"] = obs.gpus
-        rates = (obs.gpus, obs.cpus)
-        out.update(
-            accounted(obs.current, rj, phase, reason, out.get("attempt"), rates, now, out.get("readyWorkers"))
-        )
+        attempt, ready = out.get("attempt"), out.get("readyWorkers")
+        out.update(accounted(obs.current, rj, phase, reason, attempt, now, ready, obs.ray_pods))
     return out
 
 
@@ -347,7 +354,25 @@ def starting_pods(rayjob: Mapping[str, Any] | None) -> str | None:
         return None
     if ((rayjob or {}).get("spec") or {}).get("suspend"):
         return None
-    return f"ray.io/cluster={st['rayClusterName']}"
+    return f"{CLUSTER_LABEL}={st['rayClusterName']}"
+
+
+def ray_pods(trainingjob: Mapping[str, Any], rayjob: Mapping[str, Any] | None, now: datetime) -> str | None:
+    """`Controller.pods` of this kind: the label selector of every Ray pod of the job (each attempt's
+    cluster) when they are worth a look now: while its cluster starts (why a pod cannot start), and
+    for what its attempts hold (`attempts.look_due`). Else None: no LIST."""
+    current = trainingjob.get("status") or {}
+    if starting_pods(rayjob) is None and not look_due(current, (rayjob or {}).get("status") or {}, now):
+        return None
+    return f"{names.owner_label('TrainingJob')}={trainingjob['metadata']['name']},ray.io/node-type"
+
+
+def look_again_in(trainingjob: Mapping[str, Any], rayjob: Mapping[str, Any] | None) -> float | None:
+    """How soon its pods are worth another look before the resync passes (None: not before): at once
+    (0) while its cluster starts or an ended attempt's pods are going, else as `attempts.settling`."""
+    if starting_pods(rayjob) is not None:
+        return 0.0
+    return settling(trainingjob.get("status") or {})
 
 
 # `Controller.status` of this kind: the same signature as the other kind's (an intended parallel).
@@ -355,16 +380,23 @@ def status(
     trainingjob: Mapping[str, Any],
     rayjob: Mapping[str, Any] | None,
     plan_: Plan,
-    pods: list[dict[str, Any]],
+    pods: list[dict[str, Any]] | None,
     now: datetime,
 ) -> dict[str, Any]:
     """The operator-owned status, once the plan was carried out and `rayjob` is what the server
-    holds; `pods` are its Ray pods while they start (why one cannot start is said)."""
+    holds; `pods` are its Ray pods as looked at (None: not looked at): why one of its starting
+    cluster cannot start is said, and what each attempt's pods held is counted."""
     del trainingjob  # everything it contributes is in the plan's Observation
     obs: Observation = plan_.context
     if obs.blocked is not None:
         rayjob = None  # not ours: its state says nothing about this TrainingJob
-    return derive(replace(obs, rayjob=rayjob, rejected=plan_.rejected, pods=pod_problem(pods)), now)
+    starting = starting_pods(rayjob)
+    cluster = starting.split("=", 1)[1] if starting else None
+    stuck = pod_problem(
+        [p for p in pods or [] if (p.get("metadata") or {}).get("labels", {}).get(CLUSTER_LABEL) == cluster]
+    )
+    looked = tuple(pods) if pods is not None else None
+    return derive(replace(obs, rayjob=rayjob, rejected=plan_.rejected, pods=stuck, ray_pods=looked), now)
 
 
 # Pending for a reason the user must act on (or should know of): announced as a Warning.
@@ -398,6 +430,8 @@ def announce(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Eve
                               ("GPU-seconds", "gpuSeconds"), ("CPU-seconds", "cpuSeconds"))
             if a.get(key) is not None
         )  # fmt: skip
+        if "pods" in a:  # its pods still drain: status.attempts has the final figures once they are gone
+            figures += " so far"
         events.append(
             Event(
                 "Warning" if a.get("outcome") == "Failed" else "Normal",
