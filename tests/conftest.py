@@ -13,7 +13,7 @@ import pytest
 from tools.check_kuberay import KUBERAY_HINT, kuberay_crds_dir
 from tools.strict_schema import StrictValidator, load_crd_schema
 
-pytest_plugins = ["tests.cluster_fixtures"]  # the real control plane: cluster, api, namespace
+pytest_plugins = ["tests.cluster_fixtures", "tests.s3_server"]  # the real control plane; an S3 server
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "manifests" / "samples"

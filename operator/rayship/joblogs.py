@@ -46,9 +46,9 @@ class LogsError(Exception):
 class Target:
     namespace: str
     name: str
-    claim: str
-    mount: str
-    logs_dir: str
+    claim: str | None  # the checkpoint PVC (None: object storage)
+    mount: str | None
+    logs_dir: str  # a path in the PVC's pods, or an object-store URI
     image: str | None  # the job's image, for a reader pod
 
 
@@ -59,13 +59,13 @@ def target(trainingjob: dict[str, Any]) -> Target:
     except SpecError as err:
         raise LogsError(f"the TrainingJob as stored is not valid: {'; '.join(err.problems)}") from None
     store = tj.spec.checkpoint.storage
-    if store is None or store.pvc is None:
-        raise LogsError(
-            "spec.checkpoint.storage is not a PVC: logs are kept next to checkpoints on a PVC only "
-            "(object storage has no append); read the pods' logs while the Ray cluster runs"
-        )
+    if store is None:
+        raise LogsError("spec.checkpoint.storage is not set: the job keeps no logs (read its pods' logs)")
     namespace = tj.metadata.namespace or "default"
     run = names.run_name(namespace, tj.metadata.name)  # as the workload names it (the same contract)
+    if store.pvc is None:
+        uri = f"{str(store.uri).rstrip('/')}/{run}/{names.LOGS_DIR}"
+        return Target(namespace, tj.metadata.name, None, None, uri, tj.spec.image)
     return Target(
         namespace=namespace,
         name=tj.metadata.name,
@@ -281,6 +281,8 @@ def _show_trainingjob(
             raise LogsError(f"trainingjob {namespace}/{name} not found") from None
         raise
     where = target(cast(dict[str, Any], obj))
+    if where.claim is None:
+        return _from_object_storage(client, where, attempt, rank, follow)
     script = reader_script(where.logs_dir, attempt, process_name(rank), follow)
     core = kubernetes.client.CoreV1Api(client)
     heads = _running_pods(core, where.namespace, "TrainingJob", where.name, "head")
@@ -295,6 +297,44 @@ def _show_trainingjob(
     if not (image or where.image):
         raise LogsError("the TrainingJob names no spec.image: name one for the reader pod with --image")
     return _reader(core, where, script, image or str(where.image))
+
+
+def _from_object_storage(
+    client: Any, where: Target, attempt: int | None, rank: int | None, follow: bool
+) -> int:
+    """A job's logs on object storage, read from here with this machine's own credentials (pyarrow's:
+    AWS_* variables, ~/.aws, GOOGLE_APPLICATION_CREDENTIALS...), whether its Ray cluster runs or not;
+    `follow`: until the TrainingJob has finished."""
+    try:
+        from rayship_workloads import joblog
+    except ImportError as err:
+        raise LogsError(
+            f"reading logs on object storage needs pyarrow ({err}): pip install 'rayship[workloads]'"
+        ) from None
+    import kubernetes
+
+    custom = kubernetes.client.CustomObjectsApi(client)
+
+    def running() -> bool:
+        group, version, plural = api.TRAININGJOBS
+        obj = cast(
+            dict[str, Any],
+            custom.get_namespaced_custom_object(group, version, where.namespace, plural, where.name),
+        )
+        return str((obj.get("status") or {}).get("phase")) not in api.TERMINAL_PHASES
+
+    def out(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    try:
+        joblog.read(where.logs_dir, attempt, process_name(rank), out, running if follow else None)
+    except joblog.LogsMissing as missing:
+        print(missing, file=sys.stderr)
+        return missing.code
+    except OSError as err:
+        raise LogsError(f"{where.logs_dir}: {err} (this machine's credentials for it are used)") from None
+    return 0
 
 
 def serve_script(follow: bool, folder: str = SERVE_LOGS) -> str:

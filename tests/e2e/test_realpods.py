@@ -12,10 +12,14 @@ Sizes fit the node's 2 CPUs: heads and workers request fractions of a CPU.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -297,6 +301,119 @@ def test_a_job_killed_twice_shows_three_attempts_resumed_and_its_pods_cpu_time(
         cluster.kubectl("delete", "tj", KILLED, "-n", kube.namespace, "--ignore-not-found", "--wait=false")
 
 
+ON_S3 = "on-s3"  # the job whose checkpoints and logs are on object storage
+
+
+def s3_in_the_namespace(cluster, kube: Kube) -> None:
+    """An S3 server as a pod of the test namespace, behind the Service `objects` (port 5000; path-style
+    buckets: the server would read a Service's host name as a bucket's): the tests' own
+    (moto's, `make setup`'s .venv/s3), its packages read from this machine through a hostPath, run by
+    the workload image's Python 3.11 as the pods' user."""
+    from tests.s3_server import S3_SERVER
+
+    venv = str(S3_SERVER.parent.parent)
+    packages = f"{venv}/lib/python3.11/site-packages"
+    labels = {"app": "s3"}
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "s3", "namespace": kube.namespace, "labels": labels},
+        "spec": {
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000},
+            "containers": [{
+                "name": "s3", "image": f"rayship/rayship-workloads:{__version__}-cpu", "imagePullPolicy": "Never",
+                "command": ["python", "-c", "from moto.server import main; main()", "-H", "0.0.0.0", "-p", "5000"],
+                "env": [{"name": "PYTHONPATH", "value": packages},
+                        {"name": "S3_IGNORE_SUBDOMAIN_BUCKETNAME", "value": "true"}],
+                "ports": [{"containerPort": 5000}],
+                "readinessProbe": {"tcpSocket": {"port": 5000}, "periodSeconds": 1},
+                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+                "volumeMounts": [{"name": "venv", "mountPath": packages, "readOnly": True}],
+            }],
+            "volumes": [{"name": "venv", "hostPath": {"path": packages, "type": "Directory"}}],
+        },
+    }  # fmt: skip
+    service = {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "objects", "namespace": kube.namespace},
+        "spec": {"selector": labels, "ports": [{"port": 5000, "targetPort": 5000}]},
+    }  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([pod, service]))
+    cluster.kubectl("wait", "-n", kube.namespace, "pod/s3", "--for=condition=Ready", "--timeout=120s")
+
+
+@contextlib.contextmanager
+def forwarded(cluster, kube: Kube, target: str, port: int) -> Iterator[int]:
+    """`kubectl port-forward` to `target`'s `port` on a loopback port of this machine, stopped after."""
+    forward = subprocess.Popen(
+        [str(controlplane.VENV_BIN / "kubectl"), "--kubeconfig", str(cluster.kubeconfig),
+         "port-forward", "-n", kube.namespace, target, f":{port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert forward.stdout is not None
+        line = forward.stdout.readline()  # "Forwarding from 127.0.0.1:PORT -> 5000"
+        assert line.startswith("Forwarding from 127.0.0.1:"), line
+        yield int(line.split("127.0.0.1:")[1].split()[0])
+    finally:
+        os.killpg(forward.pid, signal.SIGTERM)
+        forward.wait(10)
+
+
+def test_checkpoints_and_logs_on_object_storage_outlive_the_cluster(real_node, operator, kube: Kube) -> None:
+    """Issue 34 §1 on object storage: a job whose checkpoint storage is an S3 bucket (an S3 server in
+    the namespace; credentials by reference, from a Secret) trains on real pods, keeps its checkpoints,
+    model and logs there, and `rayship logs` reads the driver's and a rank's output from this machine
+    (its own credentials, through a port-forward) once KubeRay has deleted the cluster."""
+    from tests.s3_server import S3_ENV
+
+    cluster, t0 = real_node, time.monotonic()
+    s3_in_the_namespace(cluster, kube)
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-credentials", "namespace": kube.namespace},
+              "stringData": {k: S3_ENV[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}}  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(secret))
+    env = [{"name": k, "valueFrom": {"secretKeyRef": {"name": "s3-credentials", "key": k}}}
+           for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]  # fmt: skip
+    env += [{"name": "AWS_ENDPOINT_URL", "value": f"http://objects.{kube.namespace}.svc:5000"},
+            {"name": "AWS_DEFAULT_REGION", "value": "us-east-1"}, {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"}]  # fmt: skip
+    epochs = 3
+    job = dict(SMALL_TRAINING, workers=dict(SMALL_TRAINING["workers"], replicas=1), env=env,
+               trainer=dict(SAMPLE_TRAINER, epochs=epochs), data={"source": "synthetic", "samples": 1024},
+               checkpoint={"storage": {"uri": "s3://runs/jobs"}, "everyEpochs": 1})  # fmt: skip
+    with forwarded(cluster, kube, "pod/s3", 5000) as port:
+        endpoint = f"http://127.0.0.1:{port}"
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        opener.open(urllib.request.Request(f"{endpoint}/runs", method="PUT"), timeout=10).close()
+        apply(cluster, kube, "kind-trainingjob-cpu.yaml", name=ON_S3, **job)
+        try:
+            wait_for(lambda: phase(kube, TJ, ON_S3, "Succeeded") == "Succeeded", 420, interval=0.5,
+                     what="Succeeded with its storage on S3")  # fmt: skip
+            status = kube.status(TJ, ON_S3)
+            run = f"s3://runs/jobs/{kube.namespace}.{ON_S3}"
+            assert status["checkpoint"]["model"] == f"{run}/model", status["checkpoint"]
+            wait_for(lambda: not kube.pods(f"{names.owner_label('TrainingJob')}={ON_S3},ray.io/node-type"), 180,
+                     what="the job's Ray cluster deleted")  # fmt: skip
+            here = {**os.environ, **S3_ENV, "AWS_ENDPOINT_URL": endpoint}
+            driver = rayship_logs(cluster, kube, ref=f"tj/{ON_S3}", env=here)
+            assert driver.returncode == 0, driver.stderr
+            assert f"rank 0 epoch {epochs}/{epochs}" in driver.stdout, driver.stdout[-2000:]
+            rank = rayship_logs(cluster, kube, "--rank", "0", ref=f"tj/{ON_S3}", env=here)
+            assert rank.returncode == 0 and "rank 0 epoch 1/" in rank.stdout, (
+                rank.stderr,
+                rank.stdout[-2000:],
+            )
+            import pyarrow.fs as pafs
+
+            store = pafs.S3FileSystem(
+                endpoint_override=endpoint, access_key="test", secret_key="test", region="us-east-1"
+            )
+            kept = sorted(
+                i.base_name for i in store.get_file_info(pafs.FileSelector(run.removeprefix("s3://")))
+            )
+            assert "model" in kept and "logs" in kept and any(k.startswith("epoch-") for k in kept), kept
+            print(f"on S3: {kept}; driver log {len(driver.stdout)} chars; Succeeded and read back in "
+                  f"{time.monotonic() - t0:.0f}s")  # fmt: skip
+        finally:
+            cluster.kubectl("delete", "tj", ON_S3, "-n", kube.namespace, "--ignore-not-found", "--wait=false")
+
+
 def test_ddp_trains_across_three_worker_pods_shrinks_to_two_and_grows_back(
     real_node, operator, kube: Kube
 ) -> None:
@@ -512,12 +629,12 @@ def trained_elastic_job(
 
 
 def rayship_logs(
-    cluster, kube: Kube, *args: str, ref: str = f"tj/{TRAINING}"
+    cluster, kube: Kube, *args: str, ref: str = f"tj/{TRAINING}", env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """`rayship logs tj/<the training job>` (or `ref`) as a user runs it, with the cluster's kubeconfig."""
     argv = [str(controlplane.VENV_BIN / "rayship"), "logs", ref, "-n", kube.namespace]
     argv += ["--kubeconfig", str(cluster.kubeconfig), *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False, env=env)
 
 
 def table_row(out: str) -> dict[str, str]:

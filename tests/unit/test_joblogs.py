@@ -35,9 +35,34 @@ def test_the_logs_are_under_the_runs_folder_on_the_checkpoint_pvc() -> None:
     assert where.logs_dir == f"{pvc.get('mountPath', '/mnt/checkpoints')}/team-a.mlp-ddp/logs"
 
 
-def test_object_storage_is_refused_with_what_to_do_instead() -> None:
-    with pytest.raises(joblogs.LogsError, match="not a PVC: logs are kept next to checkpoints on a PVC only"):
-        joblogs.target(stored(uri="s3://bucket/runs"))
+def test_logs_on_object_storage_are_read_from_here_with_this_machines_credentials(
+    s3, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job whose checkpoints are on object storage keeps its logs there: `rayship logs` reads them
+    with this machine's credentials, whether the Ray cluster runs or not (no pod needed)."""
+    where = joblogs.target(stored(uri=s3.uri("runs")))
+    assert where.claim is None and where.logs_dir == f"{s3.uri('runs')}/team-a.mlp-ddp/logs"
+    saved = sys.stdout, sys.stderr
+    try:
+        joblog.capture(s3.uri("runs"), "team-a.mlp-ddp", names.DRIVER_LOG, new_attempt=True)
+        print("rank 0 epoch 1/3 loss 0.25")
+        sys.stdout.handler.close()  # type: ignore[attr-defined]  # as at exit: the last part written
+    finally:
+        sys.stdout, sys.stderr = saved
+    capsys.readouterr()  # what the job printed as it ran
+    assert joblogs._from_object_storage(None, where, None, None, follow=False) == 0
+    assert capsys.readouterr().out == "rank 0 epoch 1/3 loss 0.25\n"
+    assert joblogs._from_object_storage(None, where, None, 3, follow=False) == 4
+    assert "no attempt-1/rank-3; attempt 1 has: driver" in capsys.readouterr().err
+
+
+def test_object_storage_out_of_reach_is_one_line_naming_it(s3, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens: pyarrow's error, one line
+    where = joblogs.target(stored(uri=s3.uri("runs")))
+    with pytest.raises(
+        joblogs.LogsError, match=r"^s3://.*/team-a.mlp-ddp/logs: .*this machine's credentials"
+    ):
+        joblogs._from_object_storage(None, where, None, None, follow=False)
 
 
 def run_script(

@@ -21,7 +21,11 @@ PACKAGES = {
     "controlplane": ROOT / "controlplane",
 }
 CONTRACT = "rayship.api"
-TOP_FLOOR = {"rayship.cli", "rayship.serve_local"}  # the CLI, and `rayship serve -f` behind it
+TOP_FLOOR = {
+    "rayship.cli",
+    "rayship.serve_local",
+    "rayship.joblogs",
+}  # the CLI; `rayship serve -f` and `rayship logs` behind it
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 60
 
