@@ -8,8 +8,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
+import subprocess
 import uuid
 from collections.abc import Iterator
 
@@ -102,3 +105,22 @@ def namespace(api) -> Iterator[str]:
     core.create_namespace({"metadata": {"name": name}})
     yield name
     core.delete_namespace(name)
+
+
+@contextlib.contextmanager
+def port_forward(cluster: controlplane.Cluster, namespace: str, target: str, port: int) -> Iterator[int]:
+    """`kubectl port-forward` to `target`'s `port` (e.g. pod/web) on a loopback port of this machine,
+    which it yields; stopped by its process group after."""
+    forward = subprocess.Popen(
+        [str(controlplane.VENV_BIN / "kubectl"), "--kubeconfig", str(cluster.kubeconfig),
+         "port-forward", "-n", namespace, target, f":{port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert forward.stdout is not None
+        line = forward.stdout.readline()  # "Forwarding from 127.0.0.1:PORT -> port"
+        assert line.startswith("Forwarding from 127.0.0.1:"), line
+        yield int(line.split("127.0.0.1:")[1].split()[0])
+    finally:
+        os.killpg(forward.pid, signal.SIGTERM)
+        forward.wait(10)

@@ -7,9 +7,6 @@ The pods run the operator image (the smaller one) with a tiny HTTP server in pla
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import textwrap
 import urllib.request
 from collections.abc import Iterator
@@ -20,6 +17,7 @@ import pytest
 from controlplane import cluster as controlplane
 from controlplane import node as realnode
 from rayship import __version__
+from tests.cluster_fixtures import port_forward
 from tests.operator.kube import wait_for
 
 pytestmark = [pytest.mark.realpods, pytest.mark.timeout(300)]
@@ -109,22 +107,10 @@ def test_kubectl_logs_exec_and_port_forward(real_node, web: str) -> None:
     assert "hello from web" in logs, logs
     uid = real_node.kubectl("exec", "-n", web, "web", "--", "id", "-u").stdout.strip()
     assert uid == "10001", uid
-    forward = subprocess.Popen(
-        [str(controlplane.VENV_BIN / "kubectl"), "--kubeconfig", str(real_node.kubeconfig),
-         "port-forward", "-n", web, "pod/web", ":8080"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        assert forward.stdout is not None
-        line = forward.stdout.readline()  # "Forwarding from 127.0.0.1:PORT -> 8080"
-        assert line.startswith("Forwarding from 127.0.0.1:"), line
-        port = int(line.split("127.0.0.1:")[1].split()[0])
+    with port_forward(real_node, web, "pod/web", 8080) as port:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         with opener.open(f"http://127.0.0.1:{port}/", timeout=10) as resp:
             assert resp.read() == b"web"
-    finally:
-        os.killpg(forward.pid, signal.SIGTERM)
-        forward.wait(10)
 
 
 PROBE = textwrap.dedent(

@@ -12,10 +12,8 @@ Sizes fit the node's 2 CPUs: heads and workers request fractions of a CPU.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -33,6 +31,7 @@ from controlplane import cluster as controlplane
 from controlplane import node as realnode
 from rayship import __version__, api
 from rayship.api import names
+from tests.cluster_fixtures import port_forward
 from tests.conftest import SAMPLES
 from tests.operator.conftest import refused_lines
 from tests.operator.kube import Kube, wait_for
@@ -339,24 +338,6 @@ def s3_in_the_namespace(cluster, kube: Kube) -> None:
     cluster.kubectl("wait", "-n", kube.namespace, "pod/s3", "--for=condition=Ready", "--timeout=120s")
 
 
-@contextlib.contextmanager
-def forwarded(cluster, kube: Kube, target: str, port: int) -> Iterator[int]:
-    """`kubectl port-forward` to `target`'s `port` on a loopback port of this machine, stopped after."""
-    forward = subprocess.Popen(
-        [str(controlplane.VENV_BIN / "kubectl"), "--kubeconfig", str(cluster.kubeconfig),
-         "port-forward", "-n", kube.namespace, target, f":{port}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        assert forward.stdout is not None
-        line = forward.stdout.readline()  # "Forwarding from 127.0.0.1:PORT -> 5000"
-        assert line.startswith("Forwarding from 127.0.0.1:"), line
-        yield int(line.split("127.0.0.1:")[1].split()[0])
-    finally:
-        os.killpg(forward.pid, signal.SIGTERM)
-        forward.wait(10)
-
-
 def test_checkpoints_and_logs_on_object_storage_outlive_the_cluster(real_node, operator, kube: Kube) -> None:
     """Issue 34 §1 on object storage: a job whose checkpoint storage is an S3 bucket (an S3 server in
     the namespace; credentials by reference, from a Secret) trains on real pods, keeps its checkpoints,
@@ -377,7 +358,7 @@ def test_checkpoints_and_logs_on_object_storage_outlive_the_cluster(real_node, o
     job = dict(SMALL_TRAINING, workers=dict(SMALL_TRAINING["workers"], replicas=1), env=env,
                trainer=dict(SAMPLE_TRAINER, epochs=epochs), data={"source": "synthetic", "samples": 1024},
                checkpoint={"storage": {"uri": "s3://runs/jobs"}, "everyEpochs": 1})  # fmt: skip
-    with forwarded(cluster, kube, "pod/s3", 5000) as port:
+    with port_forward(cluster, kube.namespace, "pod/s3", 5000) as port:
         endpoint = f"http://127.0.0.1:{port}"
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         opener.open(urllib.request.Request(f"{endpoint}/runs", method="PUT"), timeout=10).close()
