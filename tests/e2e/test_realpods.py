@@ -200,109 +200,6 @@ class PodTimes:
         return sum(p["cpus"] * (p["end"] - p["start"]).total_seconds() for p in running)
 
 
-def settled(kube: Kube, name: str) -> dict[str, Any]:
-    """The TrainingJob's status once every attempt is settled: the operator saw each attempt's pods
-    gone (it looks again every `startingSeconds` until then) and its figures are final."""
-
-    def final() -> dict[str, Any] | None:
-        status = kube.status(TJ, name)
-        attempts = status.get("attempts") or []
-        return status if attempts and all("pods" not in a for a in attempts) else None
-
-    return wait_for(final, 150, interval=1, what=f"{name}'s attempts settled (their pods seen gone)")
-
-
-def test_a_job_killed_twice_shows_three_attempts_resumed_and_its_pods_cpu_time(
-    real_node, operator, kube: Kube
-) -> None:
-    """Issue 34 §3 on real pods: a job's driver is killed (SIGKILL, as the OOM killer does) in its first
-    and its second attempt. KubeRay retries each on a new Ray cluster (failurePolicy.retries: 2, the
-    default); each attempt resumes the latest checkpoint on the PVC; the third succeeds. Three
-    attempts on record, each with the epoch it resumed from and reached, an Event as each ends and
-    starts; the CPU-hours add up and match the pods' own running times; `rayship logs --attempt`
-    reads each attempt's driver from the PVC once the clusters are gone."""
-    cluster, t0 = real_node, time.monotonic()
-    epochs_in_all = 12
-    job = dict(SMALL_TRAINING, workers=dict(SMALL_TRAINING["workers"], replicas=1),
-               trainer=dict(SAMPLE_TRAINER, epochs=epochs_in_all),
-               data={"source": "synthetic", "samples": 4096},
-               checkpoint=dict(SAMPLE_CHECKPOINT, everyEpochs=1))  # fmt: skip
-    pods = PodTimes(kube, KILLED)
-    apply(cluster, kube, "kind-trainingjob-cpu.yaml", name=KILLED, **job)
-    killed_after: list[int] = []
-    try:
-        for attempt in (1, 2):
-
-            def trained_two_epochs(attempt: int = attempt) -> int | None:
-                status = kube.status(TJ, KILLED)
-                assert phase(kube, TJ, KILLED) != "Succeeded", f"finished before kill {attempt}: {status}"
-                progress = status.get("progress") or {}
-                resumed = progress.get("resumedFromEpoch", 0) if attempt > 1 else 0
-                if status.get("attempt") != attempt or (attempt > 1 and "resumedFromEpoch" not in progress):
-                    return None
-                epoch = progress.get("epoch") or 0
-                return epoch if epoch >= resumed + 2 else None
-
-            killed_after.append(
-                wait_for(trained_two_epochs, 420, interval=0.2, what=f"attempt {attempt}: 2 epochs")
-            )
-            head = kube.pods(f"ray.io/cluster={kube.status(RJ, names.rayjob_name(KILLED))['rayClusterName']},"
-                             "ray.io/node-type=head")[0].metadata.name  # fmt: skip
-            out = cluster.kubectl("exec", "-n", kube.namespace, head, "-c", "ray-head", "--",
-                                  "python", "-c", KILL_DRIVER).stdout  # fmt: skip
-            assert out.strip(), f"no driver process found in {head}"
-        wait_for(lambda: phase(kube, TJ, KILLED, "Succeeded") == "Succeeded", 420, interval=0.5,
-                 what="Succeeded on the third attempt")  # fmt: skip
-        wait_for(lambda: not kube.pods(f"{names.owner_label('TrainingJob')}={KILLED},ray.io/node-type"), 180,
-                 what="every Ray cluster of the job deleted")  # fmt: skip
-        status = settled(kube, KILLED)
-        pods_cpu = pods.cpu_seconds()
-        record = status["attempts"]
-        summary = [(a["attempt"], a["outcome"], a.get("resumedFromEpoch"), a["reachedEpoch"]) for a in record]
-        assert [s[:2] for s in summary] == [(1, "Failed"), (2, "Failed"), (3, "Succeeded")], summary
-        assert status["attempt"] == 3 and status["progress"]["epoch"] == epochs_in_all, status
-        first, second, third = record
-        # each attempt resumed the latest complete checkpoint: never from scratch, never behind
-        assert first.get("resumedFromEpoch") is None and first["reachedEpoch"] >= killed_after[0], summary
-        assert 1 <= second["resumedFromEpoch"] <= first["reachedEpoch"], summary
-        assert second["reachedEpoch"] >= killed_after[1] >= second["resumedFromEpoch"] + 2, summary
-        assert second["resumedFromEpoch"] < third["resumedFromEpoch"] <= second["reachedEpoch"], summary
-        assert third["reachedEpoch"] == epochs_in_all, summary
-        assert [a["endTime"] for a in record[:2]] == [a["startTime"] for a in record[1:]], record
-        # the driver's error, KubeRay's words (-9: killed); attempt 2's unless the operator's pass came
-        # after KubeRay's short Retrying state had passed (a reconcile works from the state as it stands)
-        last_error = status["lastError"]
-        assert last_error["source"] == "driver" and last_error["attempt"] in (1, 2), last_error
-        cpu = sum(a["cpuSeconds"] for a in record)
-        assert cpu == pytest.approx(status["cpuSeconds"], abs=0.01), (record, status["cpuSeconds"])
-        assert status["cpuHours"] == round(status["cpuSeconds"] / 3600, 3) and status["gpuSeconds"] == 0
-        # (Events carry whole seconds: an attempt's end and the next one's start may share one)
-        said = sorted(message.split(" (")[0].split(":")[0] for _, reason, message in kube.events(KILLED)
-                      if reason.startswith("Attempt"))  # fmt: skip
-        assert said == sorted(["attempt 1 failed", "attempt 2 started on a new Ray cluster", "attempt 2 failed",
-                               "attempt 3 started on a new Ray cluster", "attempt 3 succeeded"]), said  # fmt: skip
-        # The record against the pods' own running times (start on the node to the containers' end)
-        print(
-            f"killed twice on real pods: killed after epochs {killed_after}; attempts (n, outcome, resumed "
-            f"from, reached) {summary}; CPU-seconds on record {status['cpuSeconds']:.1f} (per attempt "
-            f"{[a['cpuSeconds'] for a in record]}), the pods' own {pods_cpu:.1f} over {len(pods.pods)} pods; "
-            f"lastError {last_error}; Succeeded in {time.monotonic() - t0:.0f}s"
-        )
-        assert status["cpuSeconds"] == pytest.approx(pods_cpu, rel=0.05), (status["cpuSeconds"], pods_cpu)
-        for attempt, said in (
-            (1, "rank 0 of 1 on"),
-            (2, f"resuming after epoch {second['resumedFromEpoch']}"),
-        ):
-            kept = rayship_logs(cluster, kube, "--attempt", str(attempt), ref=f"tj/{KILLED}")
-            assert kept.returncode == 0 and said in kept.stdout, (attempt, kept.stderr, kept.stdout[-2000:])
-    finally:
-        pods.stop.set()
-        cluster.kubectl("delete", "tj", KILLED, "-n", kube.namespace, "--ignore-not-found", "--wait=false")
-
-
-ON_S3 = "on-s3"  # the job whose checkpoints and logs are on object storage
-
-
 def s3_in_the_namespace(cluster, kube: Kube) -> None:
     """An S3 server as a pod of the test namespace, behind the Service `objects` (port 5000; path-style
     buckets: the server would read a Service's host name as a bucket's): the tests' own
@@ -338,61 +235,158 @@ def s3_in_the_namespace(cluster, kube: Kube) -> None:
     cluster.kubectl("wait", "-n", kube.namespace, "pod/s3", "--for=condition=Ready", "--timeout=120s")
 
 
-def test_checkpoints_and_logs_on_object_storage_outlive_the_cluster(real_node, operator, kube: Kube) -> None:
-    """Issue 34 §1 on object storage: a job whose checkpoint storage is an S3 bucket (an S3 server in
-    the namespace; credentials by reference, from a Secret) trains on real pods, keeps its checkpoints,
-    model and logs there, and `rayship logs` reads the driver's and a rank's output from this machine
-    (its own credentials, through a port-forward) once KubeRay has deleted the cluster."""
+def settled(kube: Kube, name: str) -> dict[str, Any]:
+    """The TrainingJob's status once every attempt is settled: the operator saw each attempt's pods
+    gone (it looks again every `startingSeconds` until then) and its figures are final."""
+
+    def final() -> dict[str, Any] | None:
+        status = kube.status(TJ, name)
+        attempts = status.get("attempts") or []
+        return status if attempts and all("pods" not in a for a in attempts) else None
+
+    return wait_for(final, 150, interval=1, what=f"{name}'s attempts settled (their pods seen gone)")
+
+
+def s3_credentials(cluster, kube: Kube) -> list[dict[str, Any]]:
+    """The Secret of the test S3 server's credentials, and a job's env for that server: the
+    credentials by reference (secretKeyRef), the endpoint, the region."""
+    from tests.s3_server import S3_ENV
+
+    keys = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-credentials", "namespace": kube.namespace},
+              "stringData": {k: S3_ENV[k] for k in keys}}  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(secret))
+    env: list[dict[str, Any]] = [{"name": k, "valueFrom": {"secretKeyRef": {"name": "s3-credentials", "key": k}}}
+                                 for k in keys]  # fmt: skip
+    return env + [{"name": "AWS_ENDPOINT_URL", "value": f"http://objects.{kube.namespace}.svc:5000"},
+                  {"name": "AWS_DEFAULT_REGION", "value": "us-east-1"},
+                  {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"}]  # fmt: skip
+
+
+def test_a_job_killed_twice_shows_three_attempts_resumed_and_its_pods_cpu_time(
+    real_node, operator, kube: Kube
+) -> None:
+    """Issue 34 §3 (and §1 on object storage) on real pods: a job whose checkpoint storage is an S3
+    bucket (an S3 server in the namespace; its credentials by reference) has its driver killed
+    (SIGKILL, as the OOM killer does) in its first and its second attempt. KubeRay retries each on a
+    new Ray cluster (failurePolicy.retries: 2, the default); each attempt resumes the latest
+    checkpoint from the bucket; the third succeeds and exports its model there. Three attempts on
+    record, each with the epoch it resumed from and reached, an Event as each ends and starts; the
+    CPU-hours add up and match the pods' own running times; once the clusters are gone, `rayship logs
+    --attempt` reads each attempt's driver (and --rank 0 a worker's own) from the bucket, from this
+    machine with its own credentials (through a port-forward)."""
     from tests.s3_server import S3_ENV
 
     cluster, t0 = real_node, time.monotonic()
     s3_in_the_namespace(cluster, kube)
-    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-credentials", "namespace": kube.namespace},
-              "stringData": {k: S3_ENV[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}}  # fmt: skip
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(secret))
-    env = [{"name": k, "valueFrom": {"secretKeyRef": {"name": "s3-credentials", "key": k}}}
-           for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]  # fmt: skip
-    env += [{"name": "AWS_ENDPOINT_URL", "value": f"http://objects.{kube.namespace}.svc:5000"},
-            {"name": "AWS_DEFAULT_REGION", "value": "us-east-1"}, {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"}]  # fmt: skip
-    epochs = 3
-    job = dict(SMALL_TRAINING, workers=dict(SMALL_TRAINING["workers"], replicas=1), env=env,
-               trainer=dict(SAMPLE_TRAINER, epochs=epochs), data={"source": "synthetic", "samples": 1024},
+    epochs_in_all = 8
+    job = dict(SMALL_TRAINING, workers=dict(SMALL_TRAINING["workers"], replicas=1), env=s3_credentials(cluster, kube),
+               trainer=dict(SAMPLE_TRAINER, epochs=epochs_in_all), data={"source": "synthetic", "samples": 4096},
                checkpoint={"storage": {"uri": "s3://runs/jobs"}, "everyEpochs": 1})  # fmt: skip
+    pods = PodTimes(kube, KILLED)
+    killed_after: list[int] = []
     with port_forward(cluster, kube.namespace, "pod/s3", 5000) as port:
         endpoint = f"http://127.0.0.1:{port}"
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         opener.open(urllib.request.Request(f"{endpoint}/runs", method="PUT"), timeout=10).close()
-        apply(cluster, kube, "kind-trainingjob-cpu.yaml", name=ON_S3, **job)
+        apply(cluster, kube, "kind-trainingjob-cpu.yaml", name=KILLED, **job)
         try:
-            wait_for(lambda: phase(kube, TJ, ON_S3, "Succeeded") == "Succeeded", 420, interval=0.5,
-                     what="Succeeded with its storage on S3")  # fmt: skip
-            status = kube.status(TJ, ON_S3)
-            run = f"s3://runs/jobs/{kube.namespace}.{ON_S3}"
-            assert status["checkpoint"]["model"] == f"{run}/model", status["checkpoint"]
-            wait_for(lambda: not kube.pods(f"{names.owner_label('TrainingJob')}={ON_S3},ray.io/node-type"), 180,
-                     what="the job's Ray cluster deleted")  # fmt: skip
+            for attempt in (1, 2):
+                killed_after.append(kill_the_driver_after_two_epochs(cluster, kube, attempt))
+            wait_for(lambda: phase(kube, TJ, KILLED, "Succeeded") == "Succeeded", 420, interval=0.5,
+                     what="Succeeded on the third attempt")  # fmt: skip
+            run = f"s3://runs/jobs/{kube.namespace}.{KILLED}"
+            assert kube.status(TJ, KILLED)["checkpoint"]["model"] == f"{run}/model"
+            wait_for(lambda: not kube.pods(f"{names.owner_label('TrainingJob')}={KILLED},ray.io/node-type"), 180,
+                     what="every Ray cluster of the job deleted")  # fmt: skip
+            # Its logs, from the bucket, with this machine's credentials: each attempt's driver, a rank's own
             here = {**os.environ, **S3_ENV, "AWS_ENDPOINT_URL": endpoint}
-            driver = rayship_logs(cluster, kube, ref=f"tj/{ON_S3}", env=here)
-            assert driver.returncode == 0, driver.stderr
-            assert f"rank 0 epoch {epochs}/{epochs}" in driver.stdout, driver.stdout[-2000:]
-            rank = rayship_logs(cluster, kube, "--rank", "0", ref=f"tj/{ON_S3}", env=here)
-            assert rank.returncode == 0 and "rank 0 epoch 1/" in rank.stdout, (
-                rank.stderr,
-                rank.stdout[-2000:],
-            )
-            import pyarrow.fs as pafs
-
-            store = pafs.S3FileSystem(
-                endpoint_override=endpoint, access_key="test", secret_key="test", region="us-east-1"
-            )
-            kept = sorted(
-                i.base_name for i in store.get_file_info(pafs.FileSelector(run.removeprefix("s3://")))
-            )
-            assert "model" in kept and "logs" in kept and any(k.startswith("epoch-") for k in kept), kept
-            print(f"on S3: {kept}; driver log {len(driver.stdout)} chars; Succeeded and read back in "
-                  f"{time.monotonic() - t0:.0f}s")  # fmt: skip
+            for attempt, said in (
+                (1, "rank 0 of 1 on"),
+                (2, "resuming after epoch"),
+                (3, f"epoch {epochs_in_all}/"),
+            ):
+                kept = rayship_logs(cluster, kube, "--attempt", str(attempt), ref=f"tj/{KILLED}", env=here)
+                assert kept.returncode == 0 and said in kept.stdout, (
+                    attempt,
+                    kept.stderr,
+                    kept.stdout[-2000:],
+                )
+            rank = rayship_logs(cluster, kube, "--rank", "0", ref=f"tj/{KILLED}", env=here)
+            assert rank.returncode == 0 and "rank 0 epoch" in rank.stdout, (rank.stderr, rank.stdout[-2000:])
+            status = settled(kube, KILLED)
+            checked_attempts(kube, status, killed_after, epochs_in_all, pods.cpu_seconds(), t0)
         finally:
-            cluster.kubectl("delete", "tj", ON_S3, "-n", kube.namespace, "--ignore-not-found", "--wait=false")
+            pods.stop.set()
+            cluster.kubectl(
+                "delete", "tj", KILLED, "-n", kube.namespace, "--ignore-not-found", "--wait=false"
+            )
+
+
+def kill_the_driver_after_two_epochs(cluster, kube: Kube, attempt: int) -> int:
+    """Once `attempt` has trained two epochs (past its resume), its driver is SIGKILLed; the epoch seen."""
+
+    def trained_two_epochs() -> int | None:
+        status = kube.status(TJ, KILLED)
+        assert phase(kube, TJ, KILLED) != "Succeeded", f"finished before kill {attempt}: {status}"
+        progress = status.get("progress") or {}
+        resumed = progress.get("resumedFromEpoch", 0) if attempt > 1 else 0
+        if status.get("attempt") != attempt or (attempt > 1 and "resumedFromEpoch" not in progress):
+            return None
+        epoch = progress.get("epoch") or 0
+        return epoch if epoch >= resumed + 2 else None
+
+    epoch = wait_for(trained_two_epochs, 420, interval=0.2, what=f"attempt {attempt}: 2 epochs")
+    head = kube.pods(f"ray.io/cluster={kube.status(RJ, names.rayjob_name(KILLED))['rayClusterName']},"
+                     "ray.io/node-type=head")[0].metadata.name  # fmt: skip
+    out = cluster.kubectl("exec", "-n", kube.namespace, head, "-c", "ray-head", "--",
+                          "python", "-c", KILL_DRIVER).stdout  # fmt: skip
+    assert out.strip(), f"no driver process found in {head}"
+    return int(epoch)
+
+
+def checked_attempts(
+    kube: Kube,
+    status: dict[str, Any],
+    killed_after: list[int],
+    epochs_in_all: int,
+    pods_cpu: float,
+    t0: float,
+) -> None:
+    """The killed job's record: three attempts, each resumed from the latest checkpoint, their Events,
+    lastError, and CPU-seconds that add up and match the pods' own times."""
+    record = status["attempts"]
+    summary = [(a["attempt"], a["outcome"], a.get("resumedFromEpoch"), a["reachedEpoch"]) for a in record]
+    assert [s[:2] for s in summary] == [(1, "Failed"), (2, "Failed"), (3, "Succeeded")], summary
+    assert status["attempt"] == 3 and status["progress"]["epoch"] == epochs_in_all, status
+    first, second, third = record
+    # each attempt resumed the latest complete checkpoint: never from scratch, never behind
+    assert first.get("resumedFromEpoch") is None and first["reachedEpoch"] >= killed_after[0], summary
+    assert 1 <= second["resumedFromEpoch"] <= first["reachedEpoch"], summary
+    assert second["reachedEpoch"] >= killed_after[1] >= second["resumedFromEpoch"] + 2, summary
+    assert second["resumedFromEpoch"] < third["resumedFromEpoch"] <= second["reachedEpoch"], summary
+    assert third["reachedEpoch"] == epochs_in_all, summary
+    assert [a["endTime"] for a in record[:2]] == [a["startTime"] for a in record[1:]], record
+    # the driver's error, KubeRay's words (-9: killed); attempt 2's unless the operator's pass came
+    # after KubeRay's short Retrying state had passed (a reconcile works from the state as it stands)
+    last_error = status["lastError"]
+    assert last_error["source"] == "driver" and last_error["attempt"] in (1, 2), last_error
+    cpu = sum(a["cpuSeconds"] for a in record)
+    assert cpu == pytest.approx(status["cpuSeconds"], abs=0.01), (record, status["cpuSeconds"])
+    assert status["cpuHours"] == round(status["cpuSeconds"] / 3600, 3) and status["gpuSeconds"] == 0
+    # (Events carry whole seconds: an attempt's end and the next one's start may share one)
+    said = sorted(message.split(" (")[0].split(":")[0] for _, reason, message in kube.events(KILLED)
+                  if reason.startswith("Attempt"))  # fmt: skip
+    assert said == sorted(["attempt 1 failed", "attempt 2 started on a new Ray cluster", "attempt 2 failed",
+                           "attempt 3 started on a new Ray cluster", "attempt 3 succeeded"]), said  # fmt: skip
+    print(
+        f"killed twice on real pods: killed after epochs {killed_after}; attempts (n, outcome, resumed "
+        f"from, reached) {summary}; CPU-seconds on record {status['cpuSeconds']:.1f} (per attempt "
+        f"{[a['cpuSeconds'] for a in record]}), the pods' own {pods_cpu:.1f}; lastError {last_error}; "
+        f"done in {time.monotonic() - t0:.0f}s"
+    )
+    # The record against the pods' own running times (start on the node to the containers' end)
+    assert status["cpuSeconds"] == pytest.approx(pods_cpu, rel=0.05), (status["cpuSeconds"], pods_cpu)
 
 
 def test_ddp_trains_across_three_worker_pods_shrinks_to_two_and_grows_back(
@@ -552,15 +546,6 @@ def trained_elastic_job(
     # Once KubeRay has deleted the cluster (ttlSecondsAfterFinished), `rayship logs` reads the same
     # files from the PVC through a reader pod: the driver's (each rank's lines) and one rank's own.
     wait_for(lambda: not kube.pods(f"ray.io/cluster={cluster_name}"), 120, what="the Ray cluster deleted")
-    # Its figures, once its pods are seen gone: the pods' own times (the worker taken away and its
-    # replacement included) x the CPUs each requested.
-    final = settled(kube, TRAINING)
-    pods_cpu = pods.cpu_seconds()
-    print(
-        f"CPU-seconds on record {final['cpuSeconds']}, the pods' own {pods_cpu:.1f} over {len(pods.pods)} pods"
-    )
-    assert final["attempts"][0]["cpuSeconds"] == final["cpuSeconds"] == pytest.approx(pods_cpu, rel=0.05)
-    assert final["gpuSeconds"] == 0 and final["cpuHours"] == round(final["cpuSeconds"] / 3600, 3)
     started = time.monotonic()
     kept = rayship_logs(cluster, kube)
     print(f"rayship logs from the PVC through a reader pod: {time.monotonic() - started:.1f}s")
@@ -598,6 +583,15 @@ def trained_elastic_job(
     assert reference["progress"]["epoch"] == epochs_in_all and "resumedFromEpoch" not in reference["progress"]
     (plain,) = reference["attempts"]
     assert [c["readyWorkers"] for c in plain.get("workerChanges") or []][-1:] == [3], plain
+    # Its figures, once its pods are seen gone: the pods' own times (the worker taken away and its
+    # replacement included) x the CPUs each requested.
+    final = settled(kube, TRAINING)
+    pods_cpu = pods.cpu_seconds()
+    print(
+        f"CPU-seconds on record {final['cpuSeconds']}, the pods' own {pods_cpu:.1f} over {len(pods.pods)} pods"
+    )
+    assert final["attempts"][0]["cpuSeconds"] == final["cpuSeconds"] == pytest.approx(pods_cpu, rel=0.05)
+    assert final["gpuSeconds"] == 0 and final["cpuHours"] == round(final["cpuSeconds"] / 3600, 3)
     loss, reference_loss = status["progress"]["metrics"]["loss"], reference["progress"]["metrics"]["loss"]
     assert abs(loss - reference_loss) <= 0.25 * reference_loss, (loss, reference_loss)
     print(
