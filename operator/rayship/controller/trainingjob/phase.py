@@ -390,8 +390,8 @@ def status(
     obs: Observation = plan_.context
     if obs.blocked is not None:
         rayjob = None  # not ours: its state says nothing about this TrainingJob
-    starting = starting_pods(rayjob)
-    cluster = starting.split("=", 1)[1] if starting else None
+    # why a pod cannot start: of the cluster starting now, not of an earlier attempt's draining one
+    cluster = ((rayjob or {}).get("status") or {}).get("rayClusterName") if starting_pods(rayjob) else None
     stuck = pod_problem(
         [p for p in pods or [] if (p.get("metadata") or {}).get("labels", {}).get(CLUSTER_LABEL) == cluster]
     )
