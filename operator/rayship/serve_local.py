@@ -123,6 +123,8 @@ def serve(
         if changes:
             print(f"local serve: {'; '.join(changes)}", flush=True)
         local.init_ray(1)
+        if note := local.serve_ingress_note():
+            print(f"local serve: {note}", flush=True)
         client = serve_start(http_options={"host": "127.0.0.1", "port": port})
         client.deploy_apps(schema)
         _wait_running(app["name"], timeout_s)

@@ -176,6 +176,24 @@ def test_the_head_is_sized_by_spec_head_and_by_default_as_before() -> None:
     assert small["spec"]["serveConfigV2"] == default["spec"]["serveConfigV2"]
 
 
+def ray_containers_env(rayservice: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    templates = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
+    return [c.get("env", []) for t in templates for c in t["spec"]["containers"]]
+
+
+def test_serve_takes_requests_through_haproxy_unless_spec_env_says_otherwise() -> None:
+    for env in ray_containers_env(rendered(SAMPLE)):
+        assert {"name": "RAY_SERVE_ENABLE_HA_PROXY", "value": "1"} in env
+    doc = load()
+    doc["spec"]["env"] = [{"name": "RAY_SERVE_ENABLE_HA_PROXY", "value": "0"}]
+    for env in ray_containers_env(modelservice.desired_rayservice(parse(doc), CONFIG, URI)):
+        # the user's value alone: a second entry of the same name would leave the winner to the kubelet
+        assert [e for e in env if e["name"] == "RAY_SERVE_ENABLE_HA_PROXY"] == [
+            {"name": "RAY_SERVE_ENABLE_HA_PROXY", "value": "0"}
+        ]
+
+
 def test_crd_has_spec_head_as_the_trainingjob_has_it() -> None:
     def spec_schema(plural: str) -> dict[str, Any]:
         crd = yaml.safe_load((ROOT / "manifests" / "crds" / f"{plural}.rayship.dev.yaml").read_text())

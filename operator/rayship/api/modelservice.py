@@ -430,7 +430,11 @@ class ModelServiceSpec(ApiModel):
         "(a fromTrainingJob service mounts its TrainingJob's checkpoint PVC by itself).",
     )
     env: list[EnvVar] = Field(
-        default_factory=list, max_length=64, description="Environment for every Ray container."
+        default_factory=list,
+        max_length=64,
+        description="Environment for every Ray container. Serve takes requests through HAProxy "
+        '(RAY_SERVE_ENABLE_HA_PROXY=1, its binary in ray[serve]); set it to "0" here for Serve\'s Python '
+        "proxy (an image without the binary).",
     )
     application: ServeApplication | None = Field(
         None,

