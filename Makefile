@@ -197,7 +197,7 @@ e2e-local: setup cluster-build node-deps images ## end to end on real pods (the 
 
 ##@ Benchmarks
 .PHONY: bench
-bench: setup cluster-build ## every benchmark in bench/, each printing its table and RESULT lines (Ray ones, and those that run rayship on local Ray, under flock /tmp/rayship-ray.lock; operator_scale on the local control plane)
+bench: setup cluster-build node-deps images ## every benchmark in bench/, each printing its table and RESULT lines (Ray ones, and those that run rayship on local Ray, under flock /tmp/rayship-ray.lock; operator_scale on the local control plane; realpods_startup on its real node)
 	@failed=""; for script in bench/*.py; do \
 		echo "=== $$script"; \
 		if grep -qE '^(import|from) ray([. ]|$$)|^    flock /tmp/rayship-ray.lock ' $$script; then \
