@@ -140,19 +140,25 @@ def run_demo(sample: Path, timeout_s: float) -> Run:
     wall = time.perf_counter() - start
     reader.join(timeout=10)
     run = Run(wall, returncode, lines)
+    run.leftovers = reap_leftovers(token, proc.pid)
+    shutil.rmtree(home, ignore_errors=True)
+    return run
+
+
+def reap_leftovers(token: str, session: int) -> list[str]:
+    """The processes of a run (`MARKER`=token in their environment, or in `session`) still alive
+    LINGER_S after it returned, as `pid command` lines; each is then stopped by its pid."""
     deadline = time.monotonic() + LINGER_S
-    left = marked_processes(token, proc.pid)
+    left = marked_processes(token, session)
     while left and time.monotonic() < deadline:
         time.sleep(0.25)
-        left = marked_processes(token, proc.pid)
-    run.leftovers = [f"{pid} {cmd}" for pid, cmd in sorted(left.items())]
+        left = marked_processes(token, session)
     for pid in left:  # this run's processes, by pid
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    shutil.rmtree(home, ignore_errors=True)
-    return run
+    return [f"{pid} {cmd}" for pid, cmd in sorted(left.items())]
 
 
 def phases(run: Run) -> list[tuple[str, float, float]]:

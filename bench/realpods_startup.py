@@ -78,7 +78,7 @@ from kubernetes.client.exceptions import ApiException
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.demo import marked_processes  # noqa: E402
+from bench.demo import MARKER, reap_leftovers  # noqa: E402
 from controlplane import cluster as controlplane  # noqa: E402
 from controlplane.config import NODE_PROCS  # noqa: E402
 from rayship import api  # noqa: E402
@@ -87,7 +87,6 @@ from rayship.api import names  # noqa: E402
 SAMPLE = ROOT / "manifests/samples/kind-trainingjob-cpu.yaml"
 CLAIM = "rayship-checkpoints"
 GOAL = 1.5  # cluster path <= 1.5x the local path
-MARKER = "RAYSHIP_BENCH_REALPODS"
 RAYCLUSTERS: api.Resource = (api.KUBERAY_GROUP, api.KUBERAY_VERSION, "rayclusters")
 RAY_STARTED = "Ray runtime started."
 RANK_LINE = "rayship: training worker rank "
@@ -403,17 +402,7 @@ def run_local(job_file: Path, timeout_s: float) -> LocalRun:
     for key, pattern in (("gcs", "gcs_server.out"), ("driver", "python-core-driver-*.log")):
         if (found := ray_log_start(logs, pattern)) is not None:
             run.ray[key] = found
-    left = marked_processes(token, proc.pid)
-    deadline = time.monotonic() + 5
-    while left and time.monotonic() < deadline:
-        time.sleep(0.25)
-        left = marked_processes(token, proc.pid)
-    run.leftovers = [f"{pid} {cmd}" for pid, cmd in sorted(left.items())]
-    for pid in left:  # this run's processes (our marker in their environment), by pid
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    run.leftovers = reap_leftovers(token, proc.pid)
     shutil.rmtree(home, ignore_errors=True)
     return run
 
