@@ -565,6 +565,7 @@ def main() -> None:
         lat = [rayjobs.at[k] - sent[k] for k in sent if k in rayjobs.at]
         print(f"  create -> RayJob at {n}: p50 {statistics.median(lat):.2f} s, p99 {pct(lat, 0.99):.2f} s")
         results[f"operator_all_done_ratio_{n}"] = all_done_s / raw_s
+        results[f"operator_over_floor_{n}"] = all_done_s / writes_s  # ÷ every write a job needs
         results["operator_api_calls_per_job"] = len(calls) / n
         results[f"operator_rss_mb_{n}"] = memory["VmRSS"] / 1024
         # A rollout at this moment: SIGTERM while KubeRay's status updates of the N RayJobs still
