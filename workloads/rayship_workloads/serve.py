@@ -277,19 +277,33 @@ class ModelServer:
         return await self.multiplexed(name)
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)  # set from ServeArgs in __init__
-    async def _forward(self, items: list[tuple[Loaded, torch.Tensor]]) -> list[torch.Tensor]:
+    async def _forward(self, items: list[tuple[Loaded, list[list[float]]]]) -> list[list[list[float]] | str]:
         """All waiting requests' rows in one forward pass per model (Serve splits batches by multiplexed
-        model; one pass for all with a single model); each request gets its own rows back."""
+        model; one pass for all with a single model); each request gets its own rows back, or why not.
+        The rows become one tensor, are checked and come back as lists once per batch, not per request:
+        with small requests, those torch calls per request were a tenth of the replica's time."""
         self.batch_sizes.append(len(items))
-        outputs: list[torch.Tensor | None] = [None] * len(items)
+        outputs: list[list[list[float]] | str] = [""] * len(items)
         with torch.no_grad():
             for loaded in {id(m): m for m, _ in items}.values():
                 mine = [i for i, (m, _) in enumerate(items) if m is loaded]
-                rows = [items[i][1] for i in mine]
-                result = loaded.model(torch.cat(rows).to(self.device)).cpu()
-                for i, out in zip(mine, torch.split(result, [len(x) for x in rows]), strict=True):
-                    outputs[i] = out
-        return [cast(torch.Tensor, out) for out in outputs]
+                inputs = torch.tensor([row for i in mine for row in items[i][1]], dtype=loaded.dtype)
+                finite_in = torch.isfinite(inputs).all(dim=1)
+                inputs[~finite_in] = 0  # a request's values out of range for the dtype: refused below
+                result = loaded.model(inputs.to(self.device)).cpu()
+                finite_out = torch.isfinite(result).all(dim=1).tolist()
+                finite_in_rows, values = finite_in.tolist(), result.tolist()
+                start = 0
+                for i in mine:
+                    end = start + len(items[i][1])
+                    if not all(finite_in_rows[start:end]):
+                        outputs[i] = f"instances hold values out of range for {loaded.dtype}"
+                    elif not all(finite_out[start:end]):
+                        outputs[i] = "the instances overflow the model: non-finite outputs"
+                    else:
+                        outputs[i] = values[start:end]
+                    start = end
+        return outputs
 
     @api.post("/predict")
     async def predict(self, request: Request) -> dict[str, list[list[float]]]:
@@ -300,13 +314,10 @@ class ModelServer:
             )
         body = await _json_object(request, self.args.max_request_bytes)
         rows = parse_instances(body, loaded.inputs, self.args.max_rows_per_request)
-        inputs = torch.tensor(rows, dtype=loaded.dtype)
-        if not torch.isfinite(inputs).all():
-            raise BadRequest(f"instances hold values out of range for {loaded.dtype}")
-        outputs = await self._forward((loaded, inputs))
-        if not torch.isfinite(outputs).all():
-            raise BadRequest("the instances overflow the model: non-finite outputs")
-        return {"predictions": outputs.tolist()}
+        outputs = await self._forward((loaded, rows))
+        if isinstance(outputs, str):
+            raise BadRequest(outputs)
+        return {"predictions": outputs}
 
     async def _text_model(self, route: str, requested: str | None = None) -> tuple[Loaded, llm.TextEngine]:
         loaded = await self.model(requested)
