@@ -121,12 +121,15 @@ def _totals(
     return out
 
 
-def look_due(current: Mapping[str, Any], rayjob_status: Mapping[str, Any], now: datetime) -> bool:
-    """Whether this pass should look at the job's Ray pods for its figures: a new attempt, a closed
-    one whose pods may not all be gone, or a running one not looked at for POD_LOOK_SECONDS."""
+def look_due(
+    current: Mapping[str, Any], rayjob_status: Mapping[str, Any], now: datetime, *, suspended: bool = False
+) -> bool:
+    """Whether this pass should look at the job's Ray pods for its figures: a new attempt (not of a
+    `suspended` RayJob: KubeRay stamps its startTime but starts no cluster), a closed one whose pods
+    may not all be gone, or a running one not looked at for POD_LOOK_SECONDS."""
     kept = [a for a in current.get("attempts") or [] if isinstance(a, Mapping)]
     start = rayjob_status.get("startTime")
-    if start and (not kept or parse_time(kept[-1].get("startTime")) != parse_time(start)):
+    if start and not suspended and (not kept or parse_time(kept[-1].get("startTime")) != parse_time(start)):
         return True
     for entry in kept:
         if "pods" not in entry:

@@ -362,7 +362,10 @@ def ray_pods(trainingjob: Mapping[str, Any], rayjob: Mapping[str, Any] | None, n
     cluster) when they are worth a look now: while its cluster starts (why a pod cannot start), and
     for what its attempts hold (`attempts.look_due`). Else None: no LIST."""
     current = trainingjob.get("status") or {}
-    if starting_pods(rayjob) is None and not look_due(current, (rayjob or {}).get("status") or {}, now):
+    suspended = bool(((rayjob or {}).get("spec") or {}).get("suspend"))
+    if starting_pods(rayjob) is None and not look_due(
+        current, (rayjob or {}).get("status") or {}, now, suspended=suspended
+    ):
         return None
     return f"{names.owner_label('TrainingJob')}={trainingjob['metadata']['name']},ray.io/node-type"
 
