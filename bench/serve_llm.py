@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import shutil
 import statistics
 import time
 from pathlib import Path
@@ -44,7 +43,7 @@ _TMP = private_ray_environment("rs-llm-")
 import ray  # noqa: E402  (after the environment above)
 import torch  # noqa: E402
 from ray import serve  # noqa: E402
-from serving_measures import cpu_by_group, free_port, percentile  # noqa: E402
+from serving_measures import cpu_by_group, free_port, percentile, remove_when_unused  # noqa: E402
 
 from rayship_workloads import models  # noqa: E402
 from rayship_workloads.serve import serve_locally  # noqa: E402
@@ -182,7 +181,7 @@ def main() -> None:
     finally:
         serve.shutdown()
         ray.shutdown()
-        shutil.rmtree(_TMP, ignore_errors=True)
+        remove_when_unused(_TMP)
     print(
         f"\nGPT-2 {args.layers} layers x {args.width} ({parameters / 1e6:.1f}M parameters), byte tokens; "
         f"{len(PROMPTS)} prompts x {args.tokens} new tokens, greedy; {args.rounds} rounds each side"

@@ -52,7 +52,7 @@ _TMP = private_ray_environment("rs-bench-")
 import ray  # noqa: E402  (after the environment above)
 import torch  # noqa: E402
 from ray import serve  # noqa: E402
-from serving_measures import cpu_by_group, free_port, percentile  # noqa: E402
+from serving_measures import cpu_by_group, free_port, percentile, remove_when_unused  # noqa: E402
 
 from rayship.api import ServeArgs  # noqa: E402
 from rayship_workloads import models, recipes  # noqa: E402
@@ -229,7 +229,7 @@ def run_ingress(args: argparse.Namespace) -> None:
     finally:
         serve.shutdown()
         ray.shutdown()
-        shutil.rmtree(_TMP, ignore_errors=True)
+        remove_when_unused(_TMP)
     print(json.dumps([r.__dict__ for r in results]))
 
 

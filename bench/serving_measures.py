@@ -1,10 +1,13 @@
 """What the serving benchmarks measure alike: the CPU each part of the serving path spends (by
-process, from psutil), latency percentiles, a free loopback port. No side effects on import."""
+process, from psutil), latency percentiles, a free loopback port, removing a run's temporary directory.
+No side effects on import."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import time
 
 import psutil
 
@@ -50,3 +53,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def remove_when_unused(directory: str, timeout_s: float = 10.0) -> None:
+    """Remove a run's temporary directory once no process names it any more: HAProxy (its config is
+    under it) outlives `ray.shutdown()` by a moment and writes its logs there as it stops."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        users = [
+            p for p in psutil.process_iter(["cmdline"]) if directory in " ".join(p.info["cmdline"] or [])
+        ]
+        if not users:
+            break
+        time.sleep(0.2)
+    shutil.rmtree(directory, ignore_errors=True)
