@@ -74,12 +74,12 @@ from typing import Any
 
 import kubernetes
 import yaml
-from kubernetes.client.exceptions import ApiException
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.demo import MARKER, reap_leftovers  # noqa: E402
+from bench.operator_scale import delete_namespace  # noqa: E402
 from controlplane import cluster as controlplane  # noqa: E402
 from controlplane.config import NODE_PROCS  # noqa: E402
 from rayship import api  # noqa: E402
@@ -480,23 +480,6 @@ def leave_as_found(found: Found) -> None:
         controlplane.up(operator=None, node=False)
 
 
-def delete_namespace(client: Any, namespace: str, timeout_s: float = 300) -> float:
-    """Deletes the namespace and waits until it is gone (its pods included): seconds taken."""
-    core = kubernetes.client.CoreV1Api(client)
-    start = time.monotonic()
-    core.delete_namespace(namespace)
-    while time.monotonic() - start < timeout_s:
-        try:
-            core.read_namespace(namespace)
-        except ApiException as err:
-            if err.status == 404:
-                return time.monotonic() - start
-            raise
-        time.sleep(1)
-    print(f"  (namespace {namespace} still terminating after {timeout_s:.0f} s)")
-    return timeout_s
-
-
 def measure(args: argparse.Namespace, job_file: Path) -> tuple[ClusterRun, LocalRun]:
     """Both paths: the cluster's in a namespace of its own (gone before the local run), then the local one."""
     cluster = controlplane.up(operator=True, node=True)
@@ -513,7 +496,10 @@ def measure(args: argparse.Namespace, job_file: Path) -> tuple[ClusterRun, Local
         )
         on_cluster = cluster_path(cluster, client, namespace, job_file, doc, args.timeout_s)
     finally:
-        print(f"namespace {namespace} deleted in {delete_namespace(client, namespace):.0f} s", flush=True)
+        print(
+            f"namespace {namespace} deleted in {delete_namespace(client, namespace, timeout=300):.0f} s",
+            flush=True,
+        )
         client.close()
     print(f"--- local path: rayship run -f {job_file.name}", flush=True)
     return on_cluster, run_local(job_file, args.timeout_s)

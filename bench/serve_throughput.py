@@ -54,12 +54,11 @@ import torch  # noqa: E402
 from ray import serve  # noqa: E402
 from serving_measures import cpu_by_group, free_port, percentile, remove_when_unused  # noqa: E402
 
-from rayship.api import ServeArgs  # noqa: E402
+from rayship.api import ServeArgs, names  # noqa: E402
 from rayship_workloads import models, recipes  # noqa: E402
 from rayship_workloads.serve import APP_NAME, model_deployment  # noqa: E402
 
 ISSUE_MODEL = (256, [2048] * 6)  # issue 14's MLP: 21.5M parameters
-HAPROXY_ENV = "RAY_SERVE_ENABLE_HA_PROXY"
 INGRESSES = {"python": "0", "haproxy": "1"}  # its value in each child's environment
 BATCH_SIZES = {"batched": 32, "unbatched": 1}
 SAME_CONCURRENCY = ServeArgs(model_uri="-", max_batch_size=32).max_ongoing_requests
@@ -235,7 +234,7 @@ def run_ingress(args: argparse.Namespace) -> None:
 
 def in_child(ingress: str) -> list[Result]:
     """Run this script for one ingress in a process whose Ray, and so Serve, starts with its setting."""
-    env = {**os.environ, HAPROXY_ENV: INGRESSES[ingress]}
+    env = {**os.environ, names.ENV_SERVE_HAPROXY: INGRESSES[ingress]}
     child = subprocess.run(
         [sys.executable, __file__, *sys.argv[1:], "--ingress", ingress],
         env=env,
