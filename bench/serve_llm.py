@@ -42,11 +42,11 @@ _TMP = private_ray_environment("rs-llm-")
 
 import ray  # noqa: E402  (after the environment above)
 import torch  # noqa: E402
-from ray import serve  # noqa: E402
 from serving_measures import cpu_by_group, free_port, percentile, remove_when_unused  # noqa: E402
 
 from rayship_workloads import models  # noqa: E402
 from rayship_workloads.serve import serve_locally  # noqa: E402
+from rayship_workloads.serve_ingress import shutdown_serve  # noqa: E402
 
 PROMPTS = [
     "The cluster scheduled four workers",
@@ -179,7 +179,7 @@ def main() -> None:
                     cpu.get(group, 0.0) + 1000 * (used - before.get(group, 0.0)) / served / args.rounds
                 )
     finally:
-        serve.shutdown()
+        shutdown_serve()
         ray.shutdown()
         remove_when_unused(_TMP)
     print(

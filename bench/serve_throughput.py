@@ -57,6 +57,7 @@ from serving_measures import cpu_by_group, free_port, percentile, remove_when_un
 from rayship.api import ServeArgs, names  # noqa: E402
 from rayship_workloads import models, recipes  # noqa: E402
 from rayship_workloads.serve import APP_NAME, model_deployment  # noqa: E402
+from rayship_workloads.serve_ingress import shutdown_serve  # noqa: E402
 
 ISSUE_MODEL = (256, [2048] * 6)  # issue 14's MLP: 21.5M parameters
 INGRESSES = {"python": "0", "haproxy": "1"}  # its value in each child's environment
@@ -226,7 +227,7 @@ def run_ingress(args: argparse.Namespace) -> None:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         results = [r for v in BATCH_SIZES for r in bench_serve(args.ingress, v, model_dir, port, args)]
     finally:
-        serve.shutdown()
+        shutdown_serve()
         ray.shutdown()
         remove_when_unused(_TMP)
     print(json.dumps([r.__dict__ for r in results]))

