@@ -353,15 +353,27 @@ def _last_line(path: Path) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def _run_logged(cmd: list[str], log_file: Path, what: str, env: dict[str, str] | None = None) -> None:
-    """Run cmd with its output appended to log_file; a failure names the step and its last line."""
+def _start_logged(
+    cmd: list[str], log_file: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start cmd with its output appended to log_file."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("a") as out:
         out.write(f"\n$ {' '.join(cmd)}\n")
         out.flush()
-        code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def _wait_logged(process: subprocess.Popen[bytes], log_file: Path, what: str) -> None:
+    """Wait for a command `_start_logged` started; a failure names the step and its last line."""
+    code = process.wait()
     if code != 0:
         raise BuildError(f"{what} failed (exit {code}): {_last_line(log_file)} [log: {log_file}]")
+
+
+def _run_logged(cmd: list[str], log_file: Path, what: str, env: dict[str, str] | None = None) -> None:
+    """Run cmd with its output appended to log_file; a failure names the step and its last line."""
+    _wait_logged(_start_logged(cmd, log_file, env), log_file, what)
 
 
 def _require_tools() -> None:
@@ -579,6 +591,9 @@ class Docker:
     def docker_logged(self, args: list[str], log_file: Path, what: str) -> None:
         _run_logged([DOCKER, *args], log_file, what, self.env)
 
+    def docker_started(self, args: list[str], log_file: Path) -> subprocess.Popen[bytes]:
+        return _start_logged([DOCKER, *args], log_file, self.env)
+
     def has_image(self, ref: str) -> bool:
         return self.docker("image", "inspect", ref).returncode == 0
 
@@ -727,15 +742,22 @@ def build_image(docker: Docker, image: Image, wheelhouse_url: str, log: LOG) -> 
     cmd += ["-t", image.local_ref, str(REPO)]
     docker.docker_logged(cmd, log_file, f"docker build of {image.ref}")
     built = time.monotonic()
-    check_image(docker, image)
-    checked = time.monotonic()
     archive = image.archive()
     for old in archive.parent.glob(f"{image.name}-{image.tag}-*.tar*"):
         old.unlink()  # the archives of earlier sources (and a save cut short): only one is kept
     partial = archive.with_name(archive.name + ".partial")
-    docker.docker_logged(
-        ["save", "-o", str(partial), image.local_ref], log_file, f"docker save of {image.ref}"
-    )
+    # The checks run while Docker writes the archive (the workload image's ~7 GB: most of a rebuild
+    # after a source change); an image that fails one is not kept.
+    saving = docker.docker_started(["save", "-o", str(partial), image.local_ref], log_file)
+    try:
+        check_image(docker, image)
+    except BuildError:
+        saving.kill()
+        saving.wait()
+        partial.unlink(missing_ok=True)
+        raise
+    checked = time.monotonic()
+    _wait_logged(saving, log_file, f"docker save of {image.ref}")
     if _archive_refs(partial) != [image.ref]:
         raise BuildError(f"{partial}: names {_archive_refs(partial)}, not {image.ref}")
     partial.rename(archive)
@@ -744,7 +766,7 @@ def build_image(docker: Docker, image: Image, wheelhouse_url: str, log: LOG) -> 
         "size_mb": round(size / 1e6),
         "build_s": round(built - started, 1),
         "check_s": round(checked - built, 1),
-        "save_s": round(time.monotonic() - checked, 1),
+        "save_s": round(time.monotonic() - built, 1),  # beside the checks
         "total_s": round(time.monotonic() - started, 1),
     }
     _marker(archive).write_text(json.dumps({"ref": image.ref, "key": image.key(), **record}) + "\n")
@@ -781,7 +803,7 @@ def archives() -> dict[str, Path]:
 def _describe(image: Image, record: dict) -> str:
     return (
         f"{image.ref}: {record['size_mb']} MB, built in {record['total_s']:.0f}s "
-        f"(build {record['build_s']:.0f}s, checks {record['check_s']:.0f}s, save {record['save_s']:.0f}s)"
+        f"(build {record['build_s']:.0f}s, then checks {record['check_s']:.0f}s beside save {record['save_s']:.0f}s)"
         f" -> {image.archive()}"
     )
 
