@@ -41,11 +41,9 @@ def ray_session() -> Iterator[None]:
         # of a module that left Serve running, or of a `rayship serve` the tests started (every local
         # Ray of this session keeps HAProxy's files under its private temporary directory)
         stop_haproxy_left_behind(haproxy_folder())
-        shutil.rmtree(_TMP, ignore_errors=True)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The private directory goes at the end of every session, also one that never started Ray (a
-    Ray-free test chosen alone), and again after Ray's last processes, which can still write into it
-    after ray.shutdown() returns."""
+    Ray-free test chosen alone); after `ray_session`'s teardown, so after Ray's last processes."""
     shutil.rmtree(_TMP, ignore_errors=True)
