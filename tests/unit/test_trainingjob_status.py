@@ -333,40 +333,15 @@ def test_an_attempts_pods_count_until_they_are_gone_and_then_it_is_settled() -> 
     assert first_record["endTime"] == rfc(NOW - timedelta(minutes=30)) and "pods" in first_record  # unsettled
     assert first_record["gpuSeconds"] == 4 * 1830  # until its deletion deadline: it was still there
     assert st["gpuSeconds"] == 4 * 1830 + 4 * 1790 and st["attempt"] == 2
-    assert trainingjob.look_again_in({"status": st}, second) == 0  # its pod is being deleted: soon
+    assert trainingjob.look_again_in({"status": st}, second, NOW) == 0  # its pod is being deleted: soon
     gone = derive(obs(second, current=st, gpus=4, ray_pods=(new,)), NOW + timedelta(minutes=30))
     first_record = gone["attempts"][0]
     assert "pods" not in first_record and first_record["gpuSeconds"] == 4 * 1830  # settled
     assert gone["gpuSecondsEarlierAttempts"] == 4 * 1830
-    assert trainingjob.look_again_in({"status": gone}, second) is None
+    assert trainingjob.look_again_in({"status": gone}, second, NOW) is None
     assert gone["gpuSeconds"] == 4 * 1830 + 4 * 3590  # the settled attempt is not counted twice
     again = derive(obs(second, current=gone, gpus=4), NOW + timedelta(minutes=30))
     assert again["gpuSeconds"] == gone["gpuSeconds"] and again["attempts"] == gone["attempts"]
-
-
-def test_the_pods_are_looked_at_when_an_attempt_starts_now_and_then_and_until_an_ended_ones_are_gone() -> (
-    None
-):
-    """The operator watches no pods: it LISTs a job's Ray pods when it needs them, not at every pass."""
-    from rayship.controller.trainingjob.attempts import POD_LOOK_SECONDS
-
-    tj = {"metadata": {"name": "tj"}, "status": {}}
-    running = rayjob("Running", "RUNNING", startTime=rfc(NOW), rayClusterName="c1")
-    selector = "rayship.dev/trainingjob=tj,ray.io/node-type"
-    assert trainingjob.ray_pods(tj, running, NOW) == selector  # a new attempt
-    st = derive(obs(running, ray_pods=()), NOW)
-    assert trainingjob.ray_pods({**tj, "status": st}, running, NOW + timedelta(seconds=10)) is None
-    due = NOW + timedelta(seconds=POD_LOOK_SECONDS)
-    assert trainingjob.ray_pods({**tj, "status": st}, running, due) == selector
-    done = rayjob("Complete", "SUCCEEDED", startTime=rfc(NOW), endTime=rfc(due), rayClusterName="c1")
-    lingering = derive(obs(done, current=st, ray_pods=(ray_pod("h", "c1", NOW),)), due)  # its TTL runs
-    assert trainingjob.look_again_in({**tj, "status": lingering}, done) == POD_LOOK_SECONDS
-    ended = derive(obs(done, current=st, ray_pods=(ray_pod("h", "c1", NOW, deleting=due),)), due)
-    assert trainingjob.ray_pods({**tj, "status": ended}, done, due) == selector  # until its pods are gone
-    assert trainingjob.look_again_in({**tj, "status": ended}, done) == 0  # being deleted: soon
-    settled = derive(obs(done, current=ended, ray_pods=()), due + timedelta(seconds=5))
-    assert trainingjob.ray_pods({**tj, "status": settled}, done, due + timedelta(hours=1)) is None
-    assert settled["cpuSeconds"] == 0.5 * POD_LOOK_SECONDS
 
 
 def test_a_job_suspended_from_the_start_has_no_pods_to_look_at() -> None:

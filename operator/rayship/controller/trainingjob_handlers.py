@@ -11,6 +11,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -97,7 +98,7 @@ def recheck_in(process: OperatorProcess, seen: Seen | None) -> float | None:
     cluster's state changes: a worker that cannot pull its image, or is OOMKilled over and over, changes
     none. Without another look, the status said so only at the resync (two minutes), after about five
     restarts. Spread out by STARTING_LOOKS_PER_SECOND."""
-    if seen is None or (wait := trainingjob.look_again_in(seen.obj, seen.child)) is None:
+    if seen is None or (wait := trainingjob.look_again_in(seen.obj, seen.child, datetime.now(UTC))) is None:
         return None
     return max(wait, process.config.starting_seconds, len(process.trainingjobs) / STARTING_LOOKS_PER_SECOND)
 

@@ -12,10 +12,13 @@ the node (`status.startTime`) to its containers' end, x the CPUs it requests and
 limited to. A cluster's pods outlive its attempt (workers drain for most of their grace period once
 KubeRay deletes the cluster) and start after it (scheduling): on real pods, KubeRay's times said 147
 CPU-seconds for a job killed twice whose pods had held 199.5. The operator watches no pods, so it
-looks (a LIST of the job's Ray pods) when an attempt starts, at most every POD_LOOK_SECONDS while it
-runs, and until every pod of a closed attempt is gone; a pod's end is its containers' end where a
-look saw it, else the middle between when it was last seen running and the earlier of the look that
-found it gone and its deletion deadline. Until its pods are all gone an attempt is unsettled: it keeps its pods in
+looks (a LIST of the job's Ray pods) when an attempt starts, when its ready worker count changes, at
+most every POD_LOOK_SECONDS while it runs, as it ends or fails, when KubeRay is due to delete its
+cluster (ttlSecondsAfterFinished) and until every pod of a closed attempt is gone; a pod's end is its
+containers' end where a look saw it, else the middle between when it was last seen running and the
+earlier of the look that found it gone and its deletion deadline. (Without the look as it ended, a
+job's pods were last seen up to POD_LOOK_SECONDS before they went: on real pods an elastic job's
+record said 212 CPU-seconds where its pods had held 241.) Until its pods are all gone an attempt is unsettled: it keeps its pods in
 `pods`; then it keeps only its figures. The totals are the settled attempts' figures plus the others'
 so far, so they always add up. The record lives in the TrainingJob's status: an operator restart
 loses nothing.
@@ -24,7 +27,7 @@ loses nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from kubernetes.utils import parse_quantity
@@ -36,10 +39,16 @@ MAX_ATTEMPTS_KEPT = 20  # the oldest are dropped; the totals cover every attempt
 ATTEMPT_FAILED_REASONS = frozenset({"AttemptEnded", "Retrying"})  # KubeRay: this attempt failed
 SUSPENDED_STATES = frozenset({"Suspending", "Suspended"})
 RESOURCES = (("gpu", "gpus"), ("cpu", "cpus"))  # (status field prefix, the pod record's count)
-# A running attempt's pods are looked at this often at most (a LIST each): a pod that comes and goes
-# between two looks (a worker replaced) is counted from the next look on.
+# A running attempt's pods are looked at this often at most (a LIST each), and when its ready worker
+# count changes: a pod that comes and goes between two looks unseen by either is not counted.
 POD_LOOK_SECONDS = 60
 CLUSTER_LABEL = "ray.io/cluster"
+# KubeRay's RayJob states in which the attempt's end is in sight (its cluster goes): its pods are
+# looked at as it ends, so that a pod's end is not estimated from a look up to POD_LOOK_SECONDS old.
+ENDING_DEPLOYMENT_STATES = frozenset(
+    {"Complete", "Failed", "ValidationFailed", "Retrying", *SUSPENDED_STATES}
+)
+ENDING_JOB_STATES = frozenset({"FAILED", "STOPPED"})
 
 
 def accounted(
@@ -125,12 +134,26 @@ def look_due(
     current: Mapping[str, Any], rayjob_status: Mapping[str, Any], now: datetime, *, suspended: bool = False
 ) -> bool:
     """Whether this pass should look at the job's Ray pods for its figures: a new attempt (not of a
-    `suspended` RayJob: KubeRay stamps its startTime but starts no cluster), a closed one whose pods
-    may not all be gone, or a running one not looked at for POD_LOOK_SECONDS."""
+    `suspended` RayJob: KubeRay stamps its startTime but starts no cluster), one this pass ends or
+    fails (its pods' last sight before KubeRay deletes them), one whose ready worker count changed (a
+    worker pod went or came), a closed one whose pods may not all be gone, or a running one not looked
+    at for POD_LOOK_SECONDS."""
     kept = [a for a in current.get("attempts") or [] if isinstance(a, Mapping)]
     start = rayjob_status.get("startTime")
     if start and not suspended and (not kept or parse_time(kept[-1].get("startTime")) != parse_time(start)):
         return True
+    last = kept[-1] if kept else None
+    if last is not None and "pods" in last and "endTime" not in last:
+        ending = (
+            rayjob_status.get("jobDeploymentStatus") in ENDING_DEPLOYMENT_STATES
+            or rayjob_status.get("jobStatus") in ENDING_JOB_STATES
+        )
+        if ending and "outcome" not in last:
+            return True
+        ready = (rayjob_status.get("rayClusterStatus") or {}).get("readyWorkerReplicas")
+        was = current.get("readyWorkers")
+        if isinstance(ready, int) and isinstance(was, int) and ready != was:
+            return True
     for entry in kept:
         if "pods" not in entry:
             continue
@@ -140,21 +163,29 @@ def look_due(
     return False
 
 
-def settling(current: Mapping[str, Any]) -> float | None:
-    """How soon an ended attempt's pods are worth another look (None: no ended attempt has pods that
-    may still run): soon (0) while one is being deleted or has not been looked at since it ended,
-    else every POD_LOOK_SECONDS (a finished job's cluster lingers for its ttlSecondsAfterFinished)."""
-    ended = [
-        a for a in current.get("attempts") or [] if isinstance(a, Mapping) and "endTime" in a and "pods" in a
-    ]
-    if not ended:
+def settling(current: Mapping[str, Any], now: datetime, ttl_seconds: float = 0.0) -> float | None:
+    """How soon an ending or ended attempt's pods are worth another look (None: no such attempt has pods
+    that may still run): soon (0) while one is failing (KubeRay deletes its cluster), while its pods
+    are being deleted, or when it has not been looked at since it ended. Else at the time KubeRay
+    deletes them: a finished job's cluster `ttl_seconds` (its ttlSecondsAfterFinished) after its end,
+    a retried or suspended attempt's at once; then soon for POD_LOOK_SECONDS, then every
+    POD_LOOK_SECONDS (a look is never further off than that)."""
+    attempts = [a for a in current.get("attempts") or [] if isinstance(a, Mapping)]
+    ending = [a for a in attempts if "pods" in a and ("endTime" in a or "outcome" in a)]
+    if not ending:
         return None
-    for entry in ended:
+    waits = []
+    for entry in ending:
         seen, end = parse_time(entry.get("podsSeenTime")), parse_time(entry.get("endTime"))
         going = any(r.get("deadline") and not r.get("ended") for r in entry.get("pods") or [])
         if going or seen is None or end is None or seen < end:
             return 0.0
-    return float(POD_LOOK_SECONDS)
+        final = entry is attempts[-1] and entry.get("outcome") in api.TERMINAL_PHASES
+        left = (end + timedelta(seconds=ttl_seconds if final else 0) - now).total_seconds()
+        waits.append(
+            min(left, POD_LOOK_SECONDS) if left > 0 else 0.0 if -left < POD_LOOK_SECONDS else POD_LOOK_SECONDS
+        )
+    return float(min(waits))
 
 
 def _labels(pod: Mapping[str, Any]) -> Mapping[str, Any]:

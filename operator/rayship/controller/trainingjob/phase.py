@@ -370,12 +370,16 @@ def ray_pods(trainingjob: Mapping[str, Any], rayjob: Mapping[str, Any] | None, n
     return f"{names.owner_label('TrainingJob')}={trainingjob['metadata']['name']},ray.io/node-type"
 
 
-def look_again_in(trainingjob: Mapping[str, Any], rayjob: Mapping[str, Any] | None) -> float | None:
+def look_again_in(
+    trainingjob: Mapping[str, Any], rayjob: Mapping[str, Any] | None, now: datetime
+) -> float | None:
     """How soon its pods are worth another look before the resync passes (None: not before): at once
-    (0) while its cluster starts or an ended attempt's pods are going, else as `attempts.settling`."""
+    (0) while its cluster starts, else as `attempts.settling` (with the RayJob's
+    ttlSecondsAfterFinished: when KubeRay deletes a finished job's cluster)."""
     if starting_pods(rayjob) is not None:
         return 0.0
-    return settling(trainingjob.get("status") or {})
+    ttl = ((rayjob or {}).get("spec") or {}).get("ttlSecondsAfterFinished") or 0
+    return settling(trainingjob.get("status") or {}, now, float(ttl))
 
 
 # `Controller.status` of this kind: the same signature as the other kind's (an intended parallel).
