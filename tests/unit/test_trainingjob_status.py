@@ -361,6 +361,28 @@ def test_a_queued_job_is_reported_as_queued_not_suspended() -> None:
     assert "spec.suspend" not in conditions(st)["Running"]["message"]
 
 
+def test_a_job_created_suspended_says_suspended_through_kuberays_states_in_one_write() -> None:
+    """KubeRay passes a RayJob created suspended through Initializing (a start time, a cluster name)
+    and Suspending to Suspended, and starts no cluster: the status says Suspended (Queued, by Kueue)
+    all along, with no attempt and no cluster: written once. Resumed, the first attempt starts."""
+    stamps = {"startTime": rfc(NOW), "rayClusterName": "c1", "jobId": "j1"}
+    states = [
+        rayjob(""),
+        rayjob("Initializing", **stamps),
+        rayjob("Suspending", **stamps),
+        rayjob("Suspended", startTime=rfc(NOW)),  # KubeRay keeps its start time
+    ]
+    for queue, said in ((None, "Suspended"), ("team-a", "Queued")):
+        st: dict = {}
+        for i, rj in enumerate(states):
+            was, st = st, derive(obs({**rj, "spec": {"suspend": True}}, current=st, queue=queue), NOW)
+            assert conditions(st)["Running"]["reason"] == said and "attempts" not in st, (rj, st)
+            assert not {"startTime", "rayClusterName", "jobId"} & set(st), st
+            assert i == 0 or owned_changes(was, st) == {}, (rj, owned_changes(was, st))
+        resumed = derive(obs(rayjob("Initializing", **stamps), current=st, queue=queue), NOW)
+        assert resumed["phase"] == "Pending" and resumed["attempts"][0]["startTime"] == rfc(NOW)
+
+
 def test_a_pod_that_cannot_start_is_named_in_the_pending_status() -> None:
     unschedulable = ("Unschedulable", "pod w-1 cannot be scheduled: 0/3 nodes are available")
     st = derive(obs(rayjob("Initializing"), pods=unschedulable), NOW)

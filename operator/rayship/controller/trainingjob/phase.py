@@ -133,6 +133,21 @@ def phase_of(rayjob_status: Mapping[str, Any]) -> tuple[str, str, str]:
     return phase, reason, message or ""
 
 
+# KubeRay's states of a RayJob created suspended, through to Suspended (its start time kept): no
+# cluster starts.
+SUSPENDED_FROM_THE_START_STATES = frozenset({"", "New", "Initializing", "Suspending", "Suspended"})
+
+
+def never_started(rayjob: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
+    """A suspended RayJob (spec.suspend: by the spec, or by Kueue while it queues) whose job has no
+    attempt on record: KubeRay passes it through Initializing (stamping a start time and a cluster
+    name) and Suspending to Suspended without starting a cluster. Its status says Suspended all along,
+    as it is: no cluster starting, none being deleted (and one status write, not four)."""
+    if not (rayjob.get("spec") or {}).get("suspend") or current.get("attempts"):
+        return False
+    return ((rayjob.get("status") or {}).get("jobDeploymentStatus") or "") in SUSPENDED_FROM_THE_START_STATES
+
+
 def startup_deadline_passed(rayjob: Mapping[str, Any]) -> bool:
     """KubeRay failed the RayJob for good because its cluster was not running by
     spec.startupDeadlineSeconds (preRunningDeadlineSeconds); not while it retries."""
@@ -189,6 +204,8 @@ def derive(obs: Observation, now: datetime) -> dict[str, Any]:
     rayjob_status: Mapping[str, Any] = (obs.rayjob or {}).get("status") or {}
     if obs.rayjob is not None:
         phase, reason, message = phase_of(rayjob_status)
+        if never_started(obs.rayjob, obs.current):
+            phase, reason, message = PHASE_TABLE[("Suspended", ANY)]
         if phase == "Failed" and reason == KUBERAY_STARTUP_DEADLINE:
             reason, message = STARTUP_DEADLINE, _startup_deadline_message(obs.current, message)
         if phase == "Pending" and obs.pods is not None:
@@ -300,6 +317,8 @@ def _rayjob_fields(
     out: dict[str, Any] = {}
     if obs.rayjob_name:
         out["rayJobName"] = obs.rayjob_name
+    if obs.rayjob is not None and never_started(obs.rayjob, obs.current):
+        rj = {}  # KubeRay's start time, cluster name and job id of a cluster that never starts
     if obs.workload_account and obs.rayjob is not None:  # ours, made after its ServiceAccount
         out["workloadAccount"] = obs.workload_account
     uid = (obs.rayjob or {}).get("metadata", {}).get("uid") or obs.current.get("rayJobUID")
