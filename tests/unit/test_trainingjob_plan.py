@@ -45,6 +45,15 @@ def test_creates_the_rayjob_when_absent() -> None:
     assert todo.context.gpus == 2 and todo.context.invalid is None
 
 
+def test_the_creation_of_a_suspended_rayjob_says_so_in_its_one_event() -> None:
+    """The phase a job created suspended starts in gets no Event of its own: the creation's says it."""
+    assert plan(trainingjob(), None, None, CONFIG).on_create.message == "created RayJob mlp-ddp"
+    suspended = trainingjob()
+    suspended["spec"]["suspend"] = True
+    said = plan(suspended, None, None, CONFIG).on_create.message
+    assert said == "created RayJob mlp-ddp, suspended: no Ray cluster runs until spec.suspend is false"
+
+
 def test_idempotent_when_rayjob_matches() -> None:
     doc = trainingjob()
     todo = plan(doc, launched(doc), None, CONFIG)

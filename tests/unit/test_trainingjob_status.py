@@ -379,6 +379,7 @@ def test_a_job_created_suspended_says_suspended_through_kuberays_states_in_one_w
             assert conditions(st)["Running"]["reason"] == said and "attempts" not in st, (rj, st)
             assert not {"startTime", "rayClusterName", "jobId"} & set(st), st
             assert i == 0 or owned_changes(was, st) == {}, (rj, owned_changes(was, st))
+            assert trainingjob.announce(was, st) == []  # the creation's Event says it
         resumed = derive(obs(rayjob("Initializing", **stamps), current=st, queue=queue), NOW)
         assert resumed["phase"] == "Pending" and resumed["attempts"][0]["startTime"] == rfc(NOW)
 

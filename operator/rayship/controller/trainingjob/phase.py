@@ -427,17 +427,22 @@ def status(
 
 # Pending for a reason the user must act on (or should know of): announced as a Warning.
 BLOCKED_REASONS = frozenset({"PreviousRayJobTerminating", "RayJobNameTaken"}) | STUCK_REASONS
+FIRST_SUSPENDED = frozenset({"Suspended", "Queued"})  # a job created suspended: its first phase's reasons
 
 
 def announce(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Event]:
     """A Kubernetes Event for each phase transition and each new spec-edit report. Not for the phase
-    a new RayJob starts in (reason RayJobCreated): the pass that created it said "created RayJob ..."
-    (one Event, and one API call, per fact; the RayJob's own watch event may write that phase first)."""
+    a new RayJob starts in (reason RayJobCreated; Suspended or Queued for one created suspended): the
+    pass that created it said "created RayJob ..." (one Event, and one API call, per fact; the
+    RayJob's own watch event may write that phase first)."""
     events: list[Event] = []
     phase = desired.get("phase")
     # Every phase condition carries the phase's reason and message; Invalid has only "Valid".
     cond = find(desired, "Valid" if phase == "Invalid" else "Running")
-    if phase != current.get("phase") and cond.get("reason") != CREATED:
+    first = cond.get("reason") == CREATED or (
+        current.get("phase") is None and cond.get("reason") in FIRST_SUSPENDED
+    )
+    if phase != current.get("phase") and not first:
         events.append(
             Event(
                 "Warning" if phase in ("Failed", "Invalid") else "Normal",

@@ -128,12 +128,24 @@ def plan(
             rayjob_name,
             create=created,
             prerequisites=tuple(rbac),
-            on_create=Event("Normal", CREATED, f"created RayJob {rayjob_name}"),
+            on_create=Event(
+                "Normal", CREATED, f"created RayJob {rayjob_name}{_suspended(created, observed)}"
+            ),
             warnings=tuple(Event("Warning", "PlainSecretValue", w) for w in secret_looking_env(tj)),
             context=observed,
         )
 
     return _edits(tj, rayjob, rayjob_name, observed)
+
+
+def _suspended(rayjob: Mapping[str, Any], observed: Observation) -> str:
+    """What the creation's Event adds for a RayJob created suspended (its status says no more: the
+    phase it starts in gets no Event of its own)."""
+    if not (rayjob.get("spec") or {}).get("suspend"):
+        return ""
+    if observed.queue:
+        return f", queued: Kueue (queue {observed.queue}) starts its Ray cluster"
+    return ", suspended: no Ray cluster runs until spec.suspend is false"
 
 
 def _edits(tj: api.TrainingJob, rayjob: Mapping[str, Any], rayjob_name: str, observed: Observation) -> Plan:
