@@ -205,7 +205,7 @@ def derive(obs: Observation, now: datetime) -> dict[str, Any]:
     if obs.rayjob is not None:
         phase, reason, message = phase_of(rayjob_status)
         if never_started(obs.rayjob, obs.current):
-            phase, reason, message = PHASE_TABLE[("Suspended", ANY)]
+            phase, reason, message = phase_of({"jobDeploymentStatus": "Suspended"})
         if phase == "Failed" and reason == KUBERAY_STARTUP_DEADLINE:
             reason, message = STARTUP_DEADLINE, _startup_deadline_message(obs.current, message)
         if phase == "Pending" and obs.pods is not None:
@@ -439,10 +439,10 @@ def announce(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Eve
     phase = desired.get("phase")
     # Every phase condition carries the phase's reason and message; Invalid has only "Valid".
     cond = find(desired, "Valid" if phase == "Invalid" else "Running")
-    first = cond.get("reason") == CREATED or (
+    said_at_creation = cond.get("reason") == CREATED or (
         current.get("phase") is None and cond.get("reason") in FIRST_SUSPENDED
     )
-    if phase != current.get("phase") and not first:
+    if phase != current.get("phase") and not said_at_creation:
         events.append(
             Event(
                 "Warning" if phase in ("Failed", "Invalid") else "Normal",
