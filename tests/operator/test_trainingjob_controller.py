@@ -284,6 +284,17 @@ def test_recreated_namesake_waits_for_the_old_rayjob_never_adopts_it(kube: Kube,
     assert fresh["metadata"]["ownerReferences"][0]["uid"] == second["metadata"]["uid"]
 
 
+def rayjob_settled_suspended(kube: Kube, name: str) -> None:
+    """A job created suspended says Suspended from its first status; KubeRay passes its RayJob through
+    Initializing and Suspending after that, each change an event the operator acts on: settled here."""
+    wait_for(
+        lambda: ((kube.get(RJ, name) or {}).get("status") or {}).get("jobDeploymentStatus") == "Suspended",
+        60,
+        what=f"{name}'s RayJob Suspended by KubeRay",
+    )
+    time.sleep(2)  # the operator's pass for that last change (it writes nothing: no sign to wait for)
+
+
 def test_a_spec_change_reaches_the_rayjob_and_a_status_write_does_not_trigger_a_reconcile(
     kube: Kube, operator
 ) -> None:
@@ -294,6 +305,7 @@ def test_a_spec_change_reaches_the_rayjob_and_a_status_write_does_not_trigger_a_
     kube.create(TJ, sample("toggled", suspend=True))
     assert rayjob_of(kube, "toggled")["spec"]["suspend"] is True
     wait_for(lambda: kube.status(TJ, "toggled").get("phase") == "Suspended", 60, what="phase Suspended")
+    rayjob_settled_suspended(kube, "toggled")
     group, version, plural = TJ
     kube.custom.patch_namespaced_custom_object_status(
         group, version, kube.namespace, plural, "toggled", {"status": {"gpus": 7}}
@@ -339,6 +351,7 @@ def test_a_namespace_being_deleted_gets_no_writes_from_the_operator(kube: Kube, 
             60,
             what=f"{name} launched and suspended",
         )
+        rayjob_settled_suspended(kube, name)
     admission = kubernetes.client.AdmissionregistrationV1Api(kube.client)
     policy = f"hold-{kube.namespace}"
 
