@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
+from typing import Any
 
 import kubernetes
 import pytest
@@ -218,13 +219,22 @@ def test_a_pod_that_cannot_start_is_named_without_waiting_for_the_resync(kube: K
     try:
         kube.pvc()
         kube.create(TJ, sample("pull", image="registry.invalid/doesnotexist:1"))
-        said = wait_for(
-            lambda: (c := kube.condition(TJ, "pull", "Running")).get("reason") == "ImagePullBackOff" and c,
-            45,
-            what="the Running condition to say ImagePullBackOff",
+
+        def a_worker_named() -> tuple[str, Any] | None:
+            """The pod the ImagePullBackOff names, once it is a worker (it has init containers). The
+            status names the first stuck pod by name, a worker (gpu-workers sorts before head) once
+            one exists; a look made while KubeRay had made only the head names the head, until the
+            next look (3 s later here)."""
+            said = kube.condition(TJ, "pull", "Running")
+            if said.get("reason") != "ImagePullBackOff":
+                return None
+            name = said["message"].split("pod ", 1)[1].split(",")[0]
+            pod = kube.core.read_namespaced_pod_status(name, kube.namespace)
+            return (name, pod) if pod.status.init_container_statuses else None
+
+        pod_name, pod = wait_for(
+            a_worker_named, 45, what="the Running condition to say ImagePullBackOff, naming a worker pod"
         )
-        pod_name = said["message"].split("pod ", 1)[1].split(",")[0]  # the first pod by name: a worker
-        pod = kube.core.read_namespaced_pod_status(pod_name, kube.namespace)
         statuses = [kube.client.sanitize_for_serialization(s) for s in pod.status.init_container_statuses]
         crashed = {
             "terminated": {"exitCode": 1, "reason": "Error", "message": "GCS at head:6379 unreachable\n"}
