@@ -534,6 +534,39 @@ def test_a_job_killed_twice_has_three_attempts_on_record_whose_figures_add_up_to
     assert again["attempts"] == record and again["gpuSeconds"] == current["gpuSeconds"]
 
 
+def test_an_attempt_reached_at_least_the_epoch_the_next_one_resumed_from() -> None:
+    """A driver killed between an epoch's checkpoint and its progress patch: its attempt's last report
+    says epoch 5, the next attempt resumes from epoch 6 (that checkpoint was the killed attempt's own).
+    The record says attempt 2 reached 6, not 5 (the clean-clone CI on real pods: (2, Failed, 3, 5),
+    (3, Succeeded, 6, 8)); an attempt whose successor resumed from no further keeps its own report."""
+    t = [NOW + timedelta(seconds=s) for s in (0, 100, 110, 120, 200, 210, 220, 300)]
+    when = [rfc(x) for x in t]
+
+    def rj(deployment: str, job: str, start: int, **kw) -> dict:
+        status = {"jobDeploymentStatus": deployment, "jobStatus": job, "startTime": when[start], **kw}
+        return {"metadata": {"name": "rj"}, "status": status}
+
+    passes = [  # (time, RayJob, the workload's progress by then)
+        (0, rj("Running", "RUNNING", 0), {"epoch": 3}),
+        (1, rj("Retrying", "FAILED", 0, failed=1, reason="AppFailed"), {"epoch": 3}),
+        (2, rj("Initializing", "", 2, failed=1), {"epoch": 3}),
+        (3, rj("Running", "RUNNING", 2, failed=1), {"epoch": 4, "resumedFromEpoch": 3}),
+        (4, rj("Retrying", "FAILED", 2, failed=1, reason="AppFailed"), {"epoch": 5, "resumedFromEpoch": 3}),
+        (5, rj("Initializing", "", 5, failed=2), {"epoch": 5, "resumedFromEpoch": 3}),
+        (6, rj("Running", "RUNNING", 5, failed=2), {"epoch": 7, "resumedFromEpoch": 6}),
+        (7, rj("Complete", "SUCCEEDED", 5, failed=2, endTime=when[7]), {"epoch": 8, "resumedFromEpoch": 6}),
+    ]  # fmt: skip
+    current: dict = {}
+    for i, rayjob_, progress in passes:
+        current = {**current, "progress": progress}
+        current = {**derive(obs(rayjob_, current), t[i]), "progress": progress}
+    record = [
+        (a["attempt"], a["outcome"], a.get("resumedFromEpoch"), a["reachedEpoch"])
+        for a in current["attempts"]
+    ]
+    assert record == [(1, "Failed", None, 3), (2, "Failed", 3, 6), (3, "Succeeded", 6, 8)]
+
+
 def test_an_attempt_records_each_change_of_its_ready_worker_count() -> None:
     """Issue 35: a worker pod taken away and given back shows in the attempt's record (an elastic job
     trains on with fewer); a count seen again unchanged adds nothing; the record outlives the run."""

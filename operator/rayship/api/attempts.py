@@ -46,7 +46,12 @@ class AttemptStatus(ApiModel):
     resumed_from_epoch: int | None = Field(
         None, ge=1, description="It resumed from the checkpoint of this epoch (as the workload reported)."
     )
-    reached_epoch: int | None = Field(None, ge=0, description="The last epoch it completed (as reported).")
+    reached_epoch: int | None = Field(
+        None,
+        ge=0,
+        description="The last epoch it completed: as reported, and at least the epoch the next attempt "
+        "resumed from (that checkpoint was its own, even when its report of it was lost with it).",
+    )
     gpu_seconds: float | None = Field(
         None, ge=0, description="Each of its Ray pods' GPUs x that pod's own running time, summed."
     )

@@ -95,7 +95,20 @@ def accounted(
                 if reason in ATTEMPT_FAILED_REASONS:
                     # Failed; its cluster goes and the next attempt's comes: closed when that one starts.
                     last.update(outcome="Failed", reason=str(rayjob_status.get("reason") or reason))
+        _reached_at_least_the_next_resume(kept)
     return _totals(current, kept, now, pods)
+
+
+def _reached_at_least_the_next_resume(kept: list[dict[str, Any]]) -> None:
+    """An ended attempt reached at least the epoch its successor resumed from: attempts run one after
+    the other and each resumes the latest checkpoint, so a checkpoint newer than what the attempt
+    before reported is its own. Its report of that epoch can be lost with it: a driver killed between
+    the checkpoint and the status patch (on real pods: attempt 2 on record as reaching epoch 5,
+    attempt 3 resumed from epoch 6)."""
+    for earlier, later in zip(kept, kept[1:], strict=False):
+        resumed = later.get("resumedFromEpoch")
+        if "endTime" in earlier and resumed is not None and resumed > (earlier.get("reachedEpoch") or 0):
+            earlier["reachedEpoch"] = resumed
 
 
 def _totals(
