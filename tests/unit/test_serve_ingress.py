@@ -28,6 +28,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
         THROUGHPUT,
         "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE",
         ingress.DRAIN_ENV,
+        ingress.PROXY_READY_ENV,
         *ingress.PORT_ENVS,
         ingress.PORTS_CHOSEN_ENV,
         *ingress.HAPROXY_PATHS,
@@ -58,6 +59,8 @@ def test_the_wheel_s_binary_turns_haproxy_on(clean_env: pytest.MonkeyPatch) -> N
     assert ingress.serve_ingress_note() is None, "Serve's defaults: its lines are on the console"
     # a stopping replica stays reachable for 3 s, not Serve's 30 s for a cluster's many HAProxies
     assert os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "3"
+    # a proxy starting on busy cores is waited for 30 s, not killed after Serve's 5 s
+    assert os.environ["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"] == "30"
 
 
 def test_an_explicit_binary_path_is_used_only_if_it_runs(

@@ -43,6 +43,12 @@ PORTS_CHOSEN_ENV = "RAYSHIP_HAPROXY_PORTS_CHOSEN"  # the ports this module chose
 # without the replica within a second (0.7 s measured), and every local Serve shutdown (a test module's,
 # the demo's, Ctrl-C of `rayship serve`) waited out the whole 30 s per application.
 DRAIN_ENV, LOCAL_DRAIN_S = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "3"
+# How long Serve's controller waits for a new proxy to say it is ready before it kills it and starts
+# another. Serve's 5 s is for a cluster's idle head; here the proxy's process and its HAProxy start on
+# cores that are busy training (the demo starts Serve while the job trains), and `serve.start` fails
+# outright when its first proxy is killed ("The actor never ran - it was cancelled before it started
+# running": the demo under CI's load). Below serve.start's own 60 s wait for its proxies.
+PROXY_READY_ENV, LOCAL_PROXY_READY_S = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "30"
 
 
 def haproxy_binary() -> str | None:
@@ -79,6 +85,7 @@ def serve_ingress_environment() -> None:
         os.environ.setdefault(THROUGHPUT_ENV, "1")
         os.environ.setdefault(LOG_BUFFER_ENV, "1")
     os.environ.setdefault(DRAIN_ENV, LOCAL_DRAIN_S)
+    os.environ.setdefault(PROXY_READY_ENV, LOCAL_PROXY_READY_S)
     ours = os.environ.get(PORTS_CHOSEN_ENV) == ",".join(os.environ.get(name, "") for name in PORT_ENVS)
     if ours or not any(name in os.environ for name in PORT_ENVS):
         os.environ.update({name: str(_free_port()) for name in PORT_ENVS})
