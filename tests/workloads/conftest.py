@@ -6,7 +6,9 @@ a small object store, and HOME/TMPDIR in a short private directory (Ray's socket
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -43,7 +45,33 @@ def ray_session() -> Iterator[None]:
         stop_haproxy_left_behind(haproxy_folder())
 
 
+def _processes_of(folder: str) -> list[int]:
+    """The other processes with a file open under `folder`: every Ray process of a session under it
+    keeps its log files there (their command lines do not say: Ray retitles its processes)."""
+    root, found = os.path.join(folder, ""), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if int(pid) != os.getpid() and any(
+                os.readlink(f"/proc/{pid}/fd/{fd}").startswith(root) for fd in fds
+            ):
+                found.append(int(pid))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The private directory goes at the end of every session, also one that never started Ray (a
-    Ray-free test chosen alone); after `ray_session`'s teardown, so after Ray's last processes."""
+    Ray-free test chosen alone); after `ray_session`'s teardown and once Ray's last processes are gone:
+    they can outlive `ray.shutdown()` for a moment, and a file one wrote after the directory was
+    removed (its metrics discovery file) left /tmp/rs-*/ray/session_*/ behind (the CI run of 14afb60)."""
+    deadline = time.monotonic() + 30
+    while (left := _processes_of(_TMP)) and time.monotonic() < deadline:
+        time.sleep(0.2)
     shutil.rmtree(_TMP, ignore_errors=True)
+    if left:
+        print(
+            f"\ntests/workloads: Ray processes {left} still run from {_TMP} 30 s after the session",
+            flush=True,
+        )
