@@ -26,6 +26,7 @@ loses nothing.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -105,7 +106,7 @@ def _reached_at_least_the_next_resume(kept: list[dict[str, Any]]) -> None:
     before reported is its own. Its report of that epoch can be lost with it: a driver killed between
     the checkpoint and the status patch (on real pods: attempt 2 on record as reaching epoch 5,
     attempt 3 resumed from epoch 6)."""
-    for earlier, later in zip(kept, kept[1:], strict=False):
+    for earlier, later in itertools.pairwise(kept):
         resumed = later.get("resumedFromEpoch")
         if "endTime" in earlier and resumed is not None and resumed > (earlier.get("reachedEpoch") or 0):
             earlier["reachedEpoch"] = resumed
