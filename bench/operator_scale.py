@@ -2,6 +2,7 @@
 API server taking raw RayJob creates.
 
     .venv/bin/python bench/operator_scale.py [--jobs 1000] [--burst 100] [--kuberay-jobs 30] [--threads 8]
+        [--profile FILE]   (py-spy on the operator during the N TrainingJobs: a diagnosis, not a figure)
 
 Questions (issue 14, P1/P2): how much longer than the API server's own create rate does the operator
 take to reconcile N TrainingJobs; how fast does one TrainingJob get its RayJob in a burst; how many
@@ -70,7 +71,9 @@ import argparse
 import collections
 import copy
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -388,6 +391,69 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
+class Profile:
+    """py-spy (sampling from outside: the operator runs unchanged) recording the operator's Python
+    stacks, every thread's, into `path` (py-spy's raw format: one `frame;frame;... count` line per
+    stack) until stopped; `summary` says where its samples fell."""
+
+    def __init__(self, pid: int, path: Path, rate: int = 100) -> None:
+        spy = Path(sys.executable).with_name("py-spy")
+        self.path = path
+        self.process = subprocess.Popen(
+            [str(spy), "record", "--pid", str(pid), "--rate", str(rate), "--nonblocking",
+             "--format", "raw", "--output", str(path)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGINT)  # py-spy writes its file when interrupted
+        _, err = self.process.communicate(timeout=60)
+        if not self.path.exists():
+            raise RuntimeError(f"py-spy wrote no profile: {err.strip()[-500:]}")
+
+    def summary(self, top: int = 25) -> None:
+        """The samples (py-spy keeps those of threads the kernel shows running, not idle ones) by what
+        they ran: each stack's innermost frame (self), and every function on it once (inclusive)."""
+        own: collections.Counter[str] = collections.Counter()
+        inclusive: collections.Counter[str] = collections.Counter()
+        packages: collections.Counter[str] = collections.Counter()
+        busy = 0
+        for line in self.path.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            frames = [f for f in stack.split(";") if f and not f.startswith(("process ", "thread "))]
+            if not frames:
+                continue
+            busy += int(count)
+            own[_function(frames[-1])] += int(count)
+            packages[_package(frames[-1])] += int(count)
+            for name in {_function(f) for f in frames}:
+                inclusive[name] += int(count)
+        print(f"  operator profile ({self.path}): {busy} samples of running threads")
+        for title, counter in (
+            ("by package (innermost frame)", packages),
+            ("self", own),
+            ("inclusive", inclusive),
+        ):
+            print(f"    {title}:")
+            for name, count in counter.most_common(top):
+                print(f"      {100 * count / max(busy, 1):5.1f}%  {name}")
+
+
+def _function(frame: str) -> str:
+    """`name (path/to/file.py:line)` -> `name (file.py)`."""
+    name, _, where = frame.partition(" (")
+    return f"{name} ({where.rpartition(':')[0].rpartition('/')[2] or where})"
+
+
+def _package(frame: str) -> str:
+    where = frame.partition(" (")[2].rpartition(":")[0]
+    if "site-packages/" in where:
+        return where.split("site-packages/")[1].split("/")[0]
+    if "/operator/rayship/" in where:
+        return "rayship"
+    return where.rpartition("/lib/python3")[2].split("/")[1] if "/lib/python3" in where else where
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -405,6 +471,13 @@ def main() -> None:
         default=[],
         metavar="NAME=VALUE",
         help="an environment variable for the operator on top of the chart's (to compare settings)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="FILE",
+        help="record the operator with py-spy during the N TrainingJobs (raw stacks in FILE) and print "
+        "where its samples fell (a diagnosis run: py-spy's CPU counts as this client's)",
     )
     args = parser.parse_args()
     operator_env = dict(item.split("=", 1) for item in args.operator_env)
@@ -539,6 +612,7 @@ def main() -> None:
         offset = controlplane.audit_offset()
         groups = process_groups(handle.pid)
         bodies = trainingjobs(ns, n, "j", suspend=True)
+        profile = Profile(handle.pid, args.profile) if args.profile else None
         cpu_before = cpu_seconds(groups)
         sent, last = create_all(client, ns, api.TRAININGJOBS, bodies, args.threads)
         first = min(sent.values())
@@ -547,6 +621,8 @@ def main() -> None:
         done_at = max([*rayjobs.at.values(), *statuses.at.values()])
         all_done_s = done_at - first
         cpu_after, cpu_wall = cpu_seconds(groups), time.monotonic() - first
+        if profile is not None:
+            profile.stop()
         memory = rss_kb(handle.pid)
         time.sleep(5)
         calls = [
@@ -570,6 +646,8 @@ def main() -> None:
             f"(its last write answered: {all_done_s / writes_unwatched_s:.2f}x)"
         )
         cpu_table(cpu_before, cpu_after, cpu_wall, n, "the first create to all-done")
+        if profile is not None:
+            profile.summary()
         print(
             f"  operator RSS {memory['VmRSS'] / 1024:.0f} MB, peak {memory['VmHWM'] / 1024:.0f} MB (goal <= 150 MB)"
         )
