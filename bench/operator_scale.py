@@ -446,12 +446,8 @@ def _function(frame: str) -> str:
 
 
 def _package(frame: str) -> str:
-    where = frame.partition(" (")[2].rpartition(":")[0]
-    if "site-packages/" in where:
-        return where.split("site-packages/")[1].split("/")[0]
-    if "/operator/rayship/" in where:
-        return "rayship"
-    return where.rpartition("/lib/python3")[2].split("/")[1] if "/lib/python3" in where else where
+    """`name (kopf/_core/x.py:line)` -> `kopf`: py-spy names a file relative to its sys.path entry."""
+    return frame.partition(" (")[2].rpartition(":")[0].split("/")[0]
 
 
 def main() -> None:
@@ -477,9 +473,16 @@ def main() -> None:
         type=Path,
         metavar="FILE",
         help="record the operator with py-spy during the N TrainingJobs (raw stacks in FILE) and print "
-        "where its samples fell (a diagnosis run: py-spy's CPU counts as this client's)",
+        "where its samples fell (a diagnosis run: sampling slows the operator, so its figures are not results)",
     )
     args = parser.parse_args()
+    if args.profile is not None:
+        if not Path(sys.executable).with_name("py-spy").exists():
+            parser.error(
+                "--profile: py-spy is not in this environment: run `make setup` (it is a dev dependency)"
+            )
+        if not args.profile.parent.is_dir():
+            parser.error(f"--profile: {args.profile.parent} is not a directory: name a file in one")
     operator_env = dict(item.split("=", 1) for item in args.operator_env)
 
     running = controlplane.up(operator=None)

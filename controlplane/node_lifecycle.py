@@ -81,24 +81,29 @@ def import_images(npaths: realnode.NodePaths, archives: dict[str, Path]) -> None
     record = npaths.cache / "imported.json"
     done = json.loads(record.read_text()) if record.exists() else {}
     have = {row[0] for row in _images(npaths)}
-    superseded = []
-    for ref, archive in archives.items():
-        if done.get(ref) == archive.name and ref in have:
-            continue
-        started = time.monotonic()
-        old = _digest(npaths, ref)
-        _ctr(npaths, "images", "import", str(archive))  # ref now names the new build
-        if old != _digest(npaths, ref):  # the same build imported again replaces nothing
-            superseded.append(old)
-        done[ref] = archive.name
-        record.write_text(json.dumps(done, indent=2))
-        log(f"imported {ref} ({archive.stat().st_size / 1e6:.0f} MB) in {time.monotonic() - started:.0f}s")
-    # Only once every import has unpacked: dropping a build starts containerd's garbage collector,
-    # and a collection running while the next archive unpacks removed a parent snapshot that import
-    # had just found unpacked ("failed to prepare extraction snapshot ...: parent snapshot sha256:...
-    # does not exist: not found", the clean-clone CI of 352d649).
-    for digest in superseded:
-        _drop_superseded(npaths, digest)
+    superseded: list[str | None] = []
+    try:
+        for ref, archive in archives.items():
+            if done.get(ref) == archive.name and ref in have:
+                continue
+            started = time.monotonic()
+            old = _digest(npaths, ref)
+            _ctr(npaths, "images", "import", str(archive))  # ref now names the new build
+            if old != _digest(npaths, ref):  # the same build imported again replaces nothing
+                superseded.append(old)
+            done[ref] = archive.name
+            record.write_text(json.dumps(done, indent=2))
+            log(
+                f"imported {ref} ({archive.stat().st_size / 1e6:.0f} MB) in {time.monotonic() - started:.0f}s"
+            )
+    finally:
+        # Only once every import has unpacked (or one failed: the builds replaced so far are still
+        # dropped, not left behind): dropping a build starts containerd's garbage collector, and a
+        # collection running while the next archive unpacks removed a parent snapshot that import had
+        # just found unpacked ("failed to prepare extraction snapshot ...: parent snapshot sha256:...
+        # does not exist: not found", the clean-clone CI of 352d649).
+        for digest in superseded:
+            _drop_superseded(npaths, digest)
 
 
 def _images(npaths: realnode.NodePaths) -> list[list[str]]:
