@@ -2,7 +2,7 @@
 API server taking raw RayJob creates.
 
     .venv/bin/python bench/operator_scale.py [--jobs 1000] [--burst 100] [--kuberay-jobs 30] [--threads 8]
-        [--profile FILE]   (py-spy on the operator during the N TrainingJobs: a diagnosis, not a figure)
+        [--rounds 3] [--profile FILE]   (py-spy on the operator during the N TrainingJobs: a diagnosis, not a figure)
 
 Questions (issue 14, P1/P2): how much longer than the API server's own create rate does the operator
 take to reconcile N TrainingJobs; how fast does one TrainingJob get its RayJob in a burst; how many
@@ -22,14 +22,15 @@ waited for) before the next phase; the last one (N TrainingJobs) is not waited f
                   create sent to the last create answered (after 50 untimed warm-up creates).
   floor           what the API server needs for the objects rayship must make per job (its
                   ServiceAccount, RoleBinding, NetworkPolicy and spec Secret, then the RayJob:
-                  rendered by rayship, in that order), by a client with as many threads as the operator has workers: --burst jobs
-                  all given at once, per job from then until its RayJob create is answered (p99);
+                  rendered by rayship, in that order), by a client with as many threads as the
+                  operator has workers, authenticated as the operator (its ServiceAccount's token:
+                  RBAC-checked and audit-logged as it is): --burst jobs all given at once, per job from then until its RayJob create is answered (p99);
                   then N jobs, time until the last is answered. Not a goal's baseline: it says how
                   far from the API server's own limit the operator is.
   every write     N TrainingJobs (suspended) created by a client with as many threads as the
                   operator has workers, each followed by every write its life up to its RayJob needs:
-                  what rayship plans for it (those objects, owned), one status
-                  write and one Event; no operator runs, nothing is read. Time until the scale
+                  what rayship plans for it (those objects, owned), one status write and one
+                  Event, made as the operator (as the floor); no operator runs, nothing is read. Time until the scale
                   phase's two watches (run here too, on these objects) have seen the last RayJob and
                   status, ÷ raw RayJobs: the goal's ratio for an operator no costlier than this
                   client. The N TrainingJobs' all-done is printed ÷ this too: what the operator
@@ -37,6 +38,9 @@ waited for) before the next phase; the last one (N TrainingJobs) is not waited f
                   (operator_over_floor_N); also ÷ the last write answered, unwatched, as the rounds
                   before measured it (operator_over_unwatched_writes_N): that baseline had neither
                   the watches' CPU in this process and the API server nor their delivery's lag.
+                  --rounds rounds, each in a namespace of its own, deleted after: the first before
+                  the operator starts, each later one right before its scale round (the operator
+                  stopped for it, then started afresh and warmed up as for the burst).
   burst           --burst TrainingJobs (suspended) created at once by the same threads; per job, from
                   its create request sent to its RayJob seen by a watch: p50/p99/max. First, as the
                   baselines get, 20 untimed warm-up TrainingJobs, each waited for until it has its
@@ -44,7 +48,10 @@ waited for) before the next phase; the last one (N TrainingJobs) is not waited f
                   caches for its requests).
   N TrainingJobs  N TrainingJobs (suspended) created the same way; all-done = from the first create
                   sent until every TrainingJob has its RayJob and a status.phase (both seen by
-                  watches). ratio = all-done ÷ raw RayJobs.
+                  watches). ratio = all-done ÷ raw RayJobs. --rounds rounds (a namespace each, all
+                  but the last deleted before the next): round i ÷ every-write round i, the median
+                  is operator_over_floor_N, the lowest and highest _min and _max; the other figures
+                  are the last round's.
                   API calls: every request of the operator the API server's audit log records
                   (controlplane/cluster.py: all requests of ServiceAccounts of the operator's
                   namespace, at Metadata level, one line per request by auditID; kopf's watches and
@@ -60,7 +67,8 @@ waited for) before the next phase; the last one (N TrainingJobs) is not waited f
                   exists; rayship's added time = the difference. A small N: 1000 RayClusters (3000
                   kwok pods) are too heavy for a 2-core machine shared with the rest.
 
-The phases run in the order raw RayJobs, floor, every write, burst, KubeRay alone, N TrainingJobs.
+The phases run in the order raw RayJobs, floor, every write, burst, KubeRay alone, N TrainingJobs,
+then (every write, N TrainingJobs) again for each further round.
 Timing is on this machine's monotonic clock; the watches run in this process. Prints tables and ends
 with one RESULT line per figure; never fails on the goals.
 """
@@ -95,6 +103,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from controlplane import cluster as controlplane  # noqa: E402
+from controlplane import objects, operator_run  # noqa: E402
+from controlplane.config import RAYSHIP_NAMESPACE  # noqa: E402
 from rayship import api  # noqa: E402
 from rayship.api import names, validation  # noqa: E402
 from rayship.config import OperatorConfig  # noqa: E402
@@ -103,6 +113,14 @@ from rayship.controller.conditions import owned_changes  # noqa: E402
 
 SAMPLE = ROOT / "manifests/samples/kind-trainingjob-cpu.yaml"
 RAYCLUSTERS: api.Resource = (api.KUBERAY_GROUP, api.KUBERAY_VERSION, "rayclusters")
+
+
+def operator_identity(admin: kubernetes.client.ApiClient) -> Path:
+    """A kubeconfig authenticating as the operator does (a token of the chart's Deployment's
+    ServiceAccount): a baseline's writes made with it are RBAC-checked and audit-logged as the
+    operator's are, where the cluster admin's client certificate is neither."""
+    account = operator_run.operator_deployment(admin).spec.template.spec.service_account_name
+    return objects.service_account_kubeconfig(RAYSHIP_NAMESPACE, account or "default")
 
 
 def client_for(kubeconfig: Path, threads: int) -> kubernetes.client.ApiClient:
@@ -247,12 +265,15 @@ def raw_rayjobs(namespace: str, count: int, prefix: str, suspend: bool) -> list[
 
 def create_objects(client: kubernetes.client.ApiClient, namespace: str,
                    objects: list[dict[str, Any]]) -> dict[str, Any] | None:  # fmt: skip
-    """Create the objects in order; the RayJob among them as stored (None without one)."""
+    """Create the objects in order, as the operator does (the RayJob with strict field validation);
+    the RayJob among them as stored (None without one)."""
     custom = kubernetes.client.CustomObjectsApi(client)
     rayjob = None
     for obj in objects:
         if obj["kind"] == "RayJob":
-            rayjob = custom.create_namespaced_custom_object(*api.RAYJOBS[:2], namespace, api.RAYJOBS[2], obj)
+            rayjob = custom.create_namespaced_custom_object(
+                *api.RAYJOBS[:2], namespace, api.RAYJOBS[2], obj, field_validation="Strict"
+            )
         else:
             kubernetes.utils.create_from_dict(client, obj, namespace=namespace)
     return rayjob
@@ -277,21 +298,23 @@ def create_per_job(client: kubernetes.client.ApiClient, namespace: str, jobs: li
     return each_at_once(lambda objects: create_objects(client, namespace, objects), jobs, threads)
 
 
-def reconcile_by_hand(client: kubernetes.client.ApiClient, namespace: str, bodies: list[dict[str, Any]],
-                      threads: int) -> tuple[float, list[float]]:  # fmt: skip
+def reconcile_by_hand(user: kubernetes.client.ApiClient, client: kubernetes.client.ApiClient, namespace: str,
+                      bodies: list[dict[str, Any]], threads: int) -> tuple[float, list[float]]:  # fmt: skip
     """Per TrainingJob, every API write its life up to its RayJob needs, made by a plain client with no
-    watch and no read: the TrainingJob's create (the user's), then what rayship plans for it (its
-    pure `plan`, the same objects, owned): ServiceAccount, RoleBinding, RayJob; one status write (the
-    status `status()` derives, merge-patched at the stored resourceVersion) and one Event (as kopf
-    posts it). `threads` jobs at once: (the monotonic time all were given, each job's last write
-    answered). What the operator adds beyond this is its own cost; this is the design's."""
+    watch and no read: the TrainingJob's create (by `user`), then, by `client` (the operator's
+    identity: authorized and audited as the operator is), what rayship plans for it (its pure `plan`,
+    the same objects, owned): ServiceAccount, RoleBinding, NetworkPolicy, Secret, RayJob; one status
+    write (the status `status()` derives, merge-patched at the stored resourceVersion) and one Event
+    (as kopf posts it). `threads` jobs at once: (the monotonic time all were given, each job's last
+    write answered). What the operator adds beyond this is its own cost; this is the design's."""
+    user_custom = kubernetes.client.CustomObjectsApi(user)
     custom = kubernetes.client.CustomObjectsApi(client)
     core = kubernetes.client.CoreV1Api(client)
     config = OperatorConfig()
     posting = kopf.OperatorSettings().posting  # the operator keeps kopf's defaults for these
 
     def one(body: dict[str, Any]) -> None:
-        obj = custom.create_namespaced_custom_object(
+        obj = user_custom.create_namespaced_custom_object(
             *api.TRAININGJOBS[:2], namespace, api.TRAININGJOBS[2], body
         )
         todo = trainingjob.plan(obj, None, [], config)
@@ -318,6 +341,54 @@ def reconcile_by_hand(client: kubernetes.client.ApiClient, namespace: str, bodie
         })  # fmt: skip
 
     return each_at_once(one, bodies, threads)
+
+
+def every_write_round(admin: kubernetes.client.ApiClient, writer: kubernetes.client.ApiClient, n: int,
+                      workers: int, timeout: float, round_: str, raw_s: float) -> tuple[float, float]:  # fmt: skip
+    """One round of the every-write baseline in a fresh namespace (deleted at the end), watched by
+    the scale phase's two watches: (seconds until they saw the last RayJob and status, seconds until
+    the last write was answered). Each begins with 20 untimed jobs (connections, the API server's caches)."""
+    ns = make_namespace(admin, "writes")
+    reconcile_by_hand(admin, writer, ns, trainingjobs(ns, 20, "warm", suspend=True), workers)  # not timed
+    # The scale phase's own two watches, on this phase's objects too: its all-done is when they see
+    # the last RayJob and status, and they cost this process and the API server CPU it shares with
+    # the operator. Watched here as there, the ratio compares the operator with this client alone.
+    rayjobs, statuses = seen_rayjobs_and_statuses(admin, ns)
+    groups = process_groups()
+    cpu_before = cpu_seconds(groups)
+    bodies = trainingjobs(ns, n, "j", suspend=True)
+    given, answered = reconcile_by_hand(admin, writer, ns, bodies, workers)
+    unwatched = max(answered) - given  # the last write answered
+    names_ = [b["metadata"]["name"] for b in bodies]
+    if not (rayjobs.wait(names_, timeout) and statuses.wait(names_, timeout)):
+        raise RuntimeError(f"every write: the watches did not see all {n} jobs done within {timeout:.0f} s")
+    # until the last one is seen, as at scale
+    watched = max([*rayjobs.at.values(), *statuses.at.values()]) - given
+    cpu_after, cpu_wall = cpu_seconds(groups), time.monotonic() - given
+    rayjobs.stop()
+    statuses.stop()
+    delete_namespace(admin, ns)
+    print(
+        f"every write a job needs, {round_} (TrainingJob create, every object rayship renders, 1 status "
+        f"write, 1 Event; {workers} client threads, no operator): {n} jobs seen done by the scale phase's "
+        f"watches in {watched:.2f} s ({watched / raw_s:.2f}x the raw RayJobs), the last write answered "
+        f"after {unwatched:.2f} s"
+    )
+    cpu_table(cpu_before, cpu_after, cpu_wall, n, "the first create to the last seen")
+    return watched, unwatched
+
+
+def warm_up(client: kubernetes.client.ApiClient, threads: int, timeout: float) -> None:
+    """An operator just started: 20 TrainingJobs it is done with (its connections, the API server's
+    caches for its requests), in a namespace deleted after, as the burst phase's warm-up."""
+    ns = make_namespace(client, "warm")
+    rayjobs, statuses = seen_rayjobs_and_statuses(client, ns)
+    warm, _ = create_all(client, ns, api.TRAININGJOBS, trainingjobs(ns, 20, "warm", suspend=True), threads)
+    rayjobs.wait(list(warm), timeout)
+    statuses.wait(list(warm), timeout)
+    rayjobs.stop()
+    statuses.stop()
+    delete_namespace(client, ns)
 
 
 def wait_quiet(log: Path, seconds: float, timeout: float) -> float:
@@ -460,6 +531,12 @@ def main() -> None:
         "--kuberay-jobs", type=int, default=30, help="RayJobs/TrainingJobs in the KubeRay phase"
     )
     parser.add_argument("--threads", type=int, default=8, help="client threads creating objects")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of the every-write baseline and of the N TrainingJobs (the spread of their ratio)",
+    )
     parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for one phase")
     parser.add_argument(
         "--operator-env",
@@ -476,6 +553,8 @@ def main() -> None:
         "where its samples fell (a diagnosis run: sampling slows the operator, so its figures are not results)",
     )
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: give 1 or more")
     if args.profile is not None:
         if not Path(sys.executable).with_name("py-spy").exists():
             parser.error(
@@ -513,7 +592,7 @@ def main() -> None:
         # --- floor: the objects rayship makes per job, by a client as concurrent as the operator ----------
         workers = int(operator_env.get("RAYSHIP_WORKERS", OperatorConfig().workers))
         ns = make_namespace(client, "floor")
-        floor_client = client_for(running.kubeconfig, workers)
+        floor_client = client_for(operator_identity(client), workers)  # the operator's identity, not admin
         create_per_job(floor_client, ns, rendered_objects(ns, 20, "warm", suspend=True), workers)  # not timed
         given, answered = create_per_job(
             floor_client, ns, rendered_objects(ns, args.burst, "b", suspend=True), workers
@@ -530,47 +609,27 @@ def main() -> None:
             f"{n} jobs in {floor_s:.2f} s ({floor_s / raw_s:.2f}x the raw RayJobs)"
         )
 
-        # --- every write a job needs, by a plain client (no operator yet): the design's own floor ------
-        ns = make_namespace(client, "writes")
-        reconcile_by_hand(floor_client, ns, trainingjobs(ns, 20, "warm", suspend=True), workers)  # not timed
-        # The scale phase's own two watches, on this phase's objects too: its all-done is when they see
-        # the last RayJob and status, and they cost this process and the API server CPU it shares with
-        # the operator. Watched here as there, the ratio compares the operator with this client alone.
-        rayjobs, statuses = seen_rayjobs_and_statuses(client, ns)
-        groups = process_groups()
-        cpu_before = cpu_seconds(groups)
-        bodies = trainingjobs(ns, n, "j", suspend=True)
-        given, answered = reconcile_by_hand(floor_client, ns, bodies, workers)
-        writes_unwatched_s = max(answered) - given  # the last write answered
-        names_ = [b["metadata"]["name"] for b in bodies]
-        seen_all = rayjobs.wait(names_, args.timeout) and statuses.wait(names_, args.timeout)
-        # until the last one is seen, as at scale
-        writes_s = max([*rayjobs.at.values(), *statuses.at.values()]) - given
-        cpu_after, cpu_wall = cpu_seconds(groups), time.monotonic() - given
-        rayjobs.stop()
-        statuses.stop()
-        delete_namespace(client, ns)
-        print(
-            f"every write a job needs (TrainingJob create, every object rayship renders, 1 status write, "
-            f"1 Event; {workers} client threads, no operator): {n} jobs seen done by the scale phase's "
-            f"watches in {writes_s:.2f} s ({writes_s / raw_s:.2f}x the raw RayJobs), the last write answered "
-            f"after {writes_unwatched_s:.2f} s" + ("" if seen_all else " (TIMED OUT)")
-        )
-        cpu_table(cpu_before, cpu_after, cpu_wall, n, "the first create to the last seen")
+        # --- every write a job needs, by a plain client (no operator runs): the design's own floor ------
+        # Round 1 here; each later one right before the scale round it is the baseline of, the operator
+        # stopped for it (--rounds: the spread of their ratio, each pair on the cluster as it is then).
+        writes_s, writes_unwatched_s = [], []
 
+        def writes_round(i: int) -> None:
+            watched, unwatched = every_write_round(
+                client, floor_client, n, workers, args.timeout, f"round {i + 1}/{args.rounds}", raw_s
+            )
+            writes_s.append(watched)
+            writes_unwatched_s.append(unwatched)
+
+        writes_round(0)
         handle = controlplane.start_operator(operator_env)
         print(f"rayship operator pid {handle.pid}: {rss_kb(handle.pid)['VmRSS'] / 1024:.0f} MB at start")
 
         # --- burst: create -> RayJob ----------------------------------------------------------------
+        # Not timed, as the baselines' warm-up creates: the operator's first jobs, each waited for.
+        warm_up(client, args.threads, args.timeout)
         ns = make_namespace(client, "burst")
         rayjobs, statuses = seen_rayjobs_and_statuses(client, ns)
-        # Not timed, as the baselines' warm-up creates: the operator's first jobs (its connections, the
-        # API server's caches for its requests), each waited for until the operator is done with it.
-        warm, _ = create_all(
-            client, ns, api.TRAININGJOBS, trainingjobs(ns, 20, "warm", suspend=True), args.threads
-        )
-        rayjobs.wait(list(warm), args.timeout)
-        statuses.wait(list(warm), args.timeout)
         bodies = trainingjobs(ns, args.burst, "b", suspend=True)
         sent, _ = create_all(client, ns, api.TRAININGJOBS, bodies, args.threads)
         complete = rayjobs.wait(list(sent), args.timeout)
@@ -609,64 +668,90 @@ def main() -> None:
             f"{via_s:.2f} s: rayship adds {via_s - kuberay_s:.2f} s"
         )
 
-        # --- scale: N TrainingJobs --------------------------------------------------------------------
-        ns = make_namespace(client, "scale")
-        rayjobs, statuses = seen_rayjobs_and_statuses(client, ns)
-        offset = controlplane.audit_offset()
-        groups = process_groups(handle.pid)
-        bodies = trainingjobs(ns, n, "j", suspend=True)
-        profile = Profile(handle.pid, args.profile) if args.profile else None
-        cpu_before = cpu_seconds(groups)
-        sent, last = create_all(client, ns, api.TRAININGJOBS, bodies, args.threads)
-        first = min(sent.values())
-        create_s = last - first
-        complete = rayjobs.wait(list(sent), args.timeout) and statuses.wait(list(sent), args.timeout)
-        done_at = max([*rayjobs.at.values(), *statuses.at.values()])
-        all_done_s = done_at - first
-        cpu_after, cpu_wall = cpu_seconds(groups), time.monotonic() - first
-        if profile is not None:
-            profile.stop()
-        memory = rss_kb(handle.pid)
-        time.sleep(5)
-        calls = [
-            e
-            for e in controlplane.audit_since(offset)
-            if (e.get("objectRef") or {}).get("namespace") in (ns, None)
-        ]
-        rayjobs.stop()
-        statuses.stop()
-        phases = collections.Counter()
-        for k in sent:
-            phases["with RayJob"] += k in rayjobs.at
-            phases["with status"] += k in statuses.at
+        # --- scale: N TrainingJobs, --rounds times -----------------------------------------------------
+        # Each round in a namespace of its own, its ratio against the every-write round made just
+        # before it; the namespaces before the last are deleted (and waited for) before the next
+        # round, the last round's N stay for the rollout and the restart below.
+        all_done, over_floor, over_unwatched = [], [], []
+        for i in range(args.rounds):
+            last_round, label = i == args.rounds - 1, f"round {i + 1}/{args.rounds}"
+            if i > 0:  # its baseline, then the operator afresh, warmed up as for the burst
+                controlplane.stop_operator(handle)
+                writes_round(i)
+                handle = controlplane.start_operator(operator_env)
+                warm_up(client, args.threads, args.timeout)
+            ns = make_namespace(client, "scale")
+            rayjobs, statuses = seen_rayjobs_and_statuses(client, ns)
+            offset = controlplane.audit_offset()
+            groups = process_groups(handle.pid)
+            bodies = trainingjobs(ns, n, "j", suspend=True)
+            profile = Profile(handle.pid, args.profile) if args.profile and last_round else None
+            cpu_before = cpu_seconds(groups)
+            sent, last = create_all(client, ns, api.TRAININGJOBS, bodies, args.threads)
+            first = min(sent.values())
+            create_s = last - first
+            complete = rayjobs.wait(list(sent), args.timeout) and statuses.wait(list(sent), args.timeout)
+            done_at = max([*rayjobs.at.values(), *statuses.at.values()])
+            all_done_s = done_at - first
+            cpu_after, cpu_wall = cpu_seconds(groups), time.monotonic() - first
+            if profile is not None:
+                profile.stop()
+            memory = rss_kb(handle.pid)
+            time.sleep(5)
+            calls = [
+                e
+                for e in controlplane.audit_since(offset)
+                if (e.get("objectRef") or {}).get("namespace") in (ns, None)
+            ]
+            rayjobs.stop()
+            statuses.stop()
+            phases = collections.Counter()
+            for k in sent:
+                phases["with RayJob"] += k in rayjobs.at
+                phases["with status"] += k in statuses.at
+            print(
+                f"{n} TrainingJobs, {label}: created in {create_s:.2f} s; all reconciled after {all_done_s:.2f} s"
+                + ("" if complete else f" (TIMED OUT: {dict(phases)})")
+            )
+            print(
+                f"  all-done ÷ raw RayJob creates: {all_done_s / raw_s:.2f}x (goal <= 3x); "
+                f"÷ the floor: {all_done_s / floor_s:.2f}x; ÷ every write a job needs (its round's): "
+                f"{all_done_s / writes_s[i]:.2f}x (its last write answered: {all_done_s / writes_unwatched_s[i]:.2f}x)"
+            )
+            cpu_table(cpu_before, cpu_after, cpu_wall, n, "the first create to all-done")
+            if profile is not None:
+                profile.summary()
+            print(
+                f"  operator RSS {memory['VmRSS'] / 1024:.0f} MB, peak {memory['VmHWM'] / 1024:.0f} MB (goal <= 150 MB)"
+            )
+            print(
+                f"  operator API calls (audit log): {len(calls)} = {len(calls) / n:.2f} per TrainingJob (goal <= 6)"
+            )
+            for what, count in collections.Counter(map(call_kind, calls)).most_common():
+                print(f"    {count / n:7.3f}  {what}  ({count})")
+            refused = [e for e in calls if (e.get("responseStatus") or {}).get("code") == 403]
+            print(f"    refused (403): {len(refused)}")
+            lat = [rayjobs.at[k] - sent[k] for k in sent if k in rayjobs.at]
+            print(
+                f"  create -> RayJob at {n}: p50 {statistics.median(lat):.2f} s, p99 {pct(lat, 0.99):.2f} s"
+            )
+            all_done.append(all_done_s)
+            over_floor.append(all_done_s / writes_s[i])  # ÷ every write a job needs, watched
+            over_unwatched.append(all_done_s / writes_unwatched_s[i])  # as the rounds before measured it
+            if not last_round:
+                gone = delete_namespace(client, ns)
+                print(f"  namespace deleted in {gone:.0f} s (the operator running)")
         print(
-            f"{n} TrainingJobs: created in {create_s:.2f} s; all reconciled after {all_done_s:.2f} s"
-            + ("" if complete else f" (TIMED OUT: {dict(phases)})")
+            f"operator ÷ every write a job needs, {args.rounds} rounds: "
+            + ", ".join(f"{x:.3f}" for x in over_floor)
+            + f"; median {statistics.median(over_floor):.3f}, spread {max(over_floor) - min(over_floor):.3f}"
         )
-        print(
-            f"  all-done ÷ raw RayJob creates: {all_done_s / raw_s:.2f}x (goal <= 3x); "
-            f"÷ the floor: {all_done_s / floor_s:.2f}x; ÷ every write a job needs: {all_done_s / writes_s:.2f}x "
-            f"(its last write answered: {all_done_s / writes_unwatched_s:.2f}x)"
-        )
-        cpu_table(cpu_before, cpu_after, cpu_wall, n, "the first create to all-done")
-        if profile is not None:
-            profile.summary()
-        print(
-            f"  operator RSS {memory['VmRSS'] / 1024:.0f} MB, peak {memory['VmHWM'] / 1024:.0f} MB (goal <= 150 MB)"
-        )
-        print(
-            f"  operator API calls (audit log): {len(calls)} = {len(calls) / n:.2f} per TrainingJob (goal <= 6)"
-        )
-        for what, count in collections.Counter(map(call_kind, calls)).most_common():
-            print(f"    {count / n:7.3f}  {what}  ({count})")
-        refused = [e for e in calls if (e.get("responseStatus") or {}).get("code") == 403]
-        print(f"    refused (403): {len(refused)}")
-        lat = [rayjobs.at[k] - sent[k] for k in sent if k in rayjobs.at]
-        print(f"  create -> RayJob at {n}: p50 {statistics.median(lat):.2f} s, p99 {pct(lat, 0.99):.2f} s")
-        results[f"operator_all_done_ratio_{n}"] = all_done_s / raw_s
-        results[f"operator_over_floor_{n}"] = all_done_s / writes_s  # ÷ every write a job needs, watched
-        results[f"operator_over_unwatched_writes_{n}"] = all_done_s / writes_unwatched_s  # the rounds before
-        results["operator_api_calls_per_job"] = len(calls) / n
+        results[f"operator_all_done_ratio_{n}"] = statistics.median(all_done) / raw_s
+        results[f"operator_over_floor_{n}"] = statistics.median(over_floor)
+        results[f"operator_over_floor_{n}_min"] = min(over_floor)
+        results[f"operator_over_floor_{n}_max"] = max(over_floor)
+        results[f"operator_over_unwatched_writes_{n}"] = statistics.median(over_unwatched)
+        results["operator_api_calls_per_job"] = len(calls) / n  # the last round's
         results[f"operator_rss_mb_{n}"] = memory["VmRSS"] / 1024
         # A rollout at this moment: SIGTERM while KubeRay's status updates of the N RayJobs still
         # arrive; a pod gets 30 s (Kubernetes' default grace period) before SIGKILL.
