@@ -24,15 +24,16 @@ waited for) before the next phase; the last one (N TrainingJobs) is not waited f
                   ServiceAccount, RoleBinding, NetworkPolicy and spec Secret, then the RayJob:
                   rendered by rayship, in that order), by a client with as many threads as the
                   operator has workers, authenticated as the operator (its ServiceAccount's token:
-                  RBAC-checked and audit-logged as it is): --burst jobs all given at once, per job from then until its RayJob create is answered (p99);
-                  then N jobs, time until the last is answered. Not a goal's baseline: it says how
-                  far from the API server's own limit the operator is.
+                  RBAC-checked and audit-logged as it is): --burst jobs all given at once, per job
+                  from then until its RayJob create is answered (p99); then N jobs, time until the
+                  last is answered. Not a goal's baseline: it says how far from the API server's
+                  own limit the operator is.
   every write     N TrainingJobs (suspended) created by a client with as many threads as the
                   operator has workers, each followed by every write its life up to its RayJob needs:
                   what rayship plans for it (those objects, owned), one status write and one
-                  Event, made as the operator (as the floor); no operator runs, nothing is read. Time until the scale
-                  phase's two watches (run here too, on these objects) have seen the last RayJob and
-                  status, ÷ raw RayJobs: the goal's ratio for an operator no costlier than this
+                  Event, made as the operator (as the floor); no operator runs, nothing is read.
+                  Time until the scale phase's two watches (run here too, on these objects) have
+                  seen the last RayJob and status, ÷ raw RayJobs: the goal's ratio for an operator no costlier than this
                   client. The N TrainingJobs' all-done is printed ÷ this too: what the operator
                   (kopf, its watches, its extra status writes) adds to the design's own writes
                   (operator_over_floor_N); also ÷ the last write answered, unwatched, as the rounds
@@ -361,7 +362,10 @@ def every_write_round(admin: kubernetes.client.ApiClient, writer: kubernetes.cli
     unwatched = max(answered) - given  # the last write answered
     names_ = [b["metadata"]["name"] for b in bodies]
     if not (rayjobs.wait(names_, timeout) and statuses.wait(names_, timeout)):
-        raise RuntimeError(f"every write: the watches did not see all {n} jobs done within {timeout:.0f} s")
+        # no figure from a partial round: stop (the caller's `finally` still stops what it started)
+        raise SystemExit(
+            f"every write, {round_}: the watches did not see all {n} jobs done within {timeout:.0f} s"
+        )
     # until the last one is seen, as at scale
     watched = max([*rayjobs.at.values(), *statuses.at.values()]) - given
     cpu_after, cpu_wall = cpu_seconds(groups), time.monotonic() - given
