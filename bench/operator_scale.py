@@ -382,6 +382,69 @@ def every_write_round(admin: kubernetes.client.ApiClient, writer: kubernetes.cli
     return watched, unwatched
 
 
+def scale_round(client: kubernetes.client.ApiClient, pid: int, n: int, threads: int, timeout: float, label: str,
+                baselines: tuple[float, float, float, float], profile_file: Path | None) -> tuple[str, float, int, float]:  # fmt: skip
+    """N TrainingJobs (suspended) in a fresh namespace, against the running operator `pid`; prints the
+    round's tables (its ratios to `baselines`: raw RayJobs, floor, this round's every write, watched
+    and unwatched). (the namespace, its all-done seconds, the operator's VmRSS in KB then, its API
+    calls per TrainingJob)."""
+    raw_s, floor_s, writes_s, writes_unwatched_s = baselines
+    ns = make_namespace(client, "scale")
+    rayjobs, statuses = seen_rayjobs_and_statuses(client, ns)
+    offset = controlplane.audit_offset()
+    groups = process_groups(pid)
+    bodies = trainingjobs(ns, n, "j", suspend=True)
+    profile = Profile(pid, profile_file) if profile_file else None
+    cpu_before = cpu_seconds(groups)
+    sent, last = create_all(client, ns, api.TRAININGJOBS, bodies, threads)
+    first = min(sent.values())
+    create_s = last - first
+    complete = rayjobs.wait(list(sent), timeout) and statuses.wait(list(sent), timeout)
+    done_at = max([*rayjobs.at.values(), *statuses.at.values()])
+    all_done_s = done_at - first
+    cpu_after, cpu_wall = cpu_seconds(groups), time.monotonic() - first
+    if profile is not None:
+        profile.stop()
+    memory = rss_kb(pid)
+    time.sleep(5)
+    calls = [
+        e
+        for e in controlplane.audit_since(offset)
+        if (e.get("objectRef") or {}).get("namespace") in (ns, None)
+    ]
+    rayjobs.stop()
+    statuses.stop()
+    phases = collections.Counter()
+    for k in sent:
+        phases["with RayJob"] += k in rayjobs.at
+        phases["with status"] += k in statuses.at
+    print(
+        f"{n} TrainingJobs, {label}: created in {create_s:.2f} s; all reconciled after {all_done_s:.2f} s"
+        + ("" if complete else f" (TIMED OUT: {dict(phases)})")
+    )
+    print(
+        f"  all-done ÷ raw RayJob creates: {all_done_s / raw_s:.2f}x (goal <= 3x); "
+        f"÷ the floor: {all_done_s / floor_s:.2f}x; ÷ every write a job needs (its round's): "
+        f"{all_done_s / writes_s:.2f}x (its last write answered: {all_done_s / writes_unwatched_s:.2f}x)"
+    )
+    cpu_table(cpu_before, cpu_after, cpu_wall, n, "the first create to all-done")
+    if profile is not None:
+        profile.summary()
+    print(
+        f"  operator RSS {memory['VmRSS'] / 1024:.0f} MB, peak {memory['VmHWM'] / 1024:.0f} MB (goal <= 150 MB)"
+    )
+    print(
+        f"  operator API calls (audit log): {len(calls)} = {len(calls) / n:.2f} per TrainingJob (goal <= 6)"
+    )
+    for what, count in collections.Counter(map(call_kind, calls)).most_common():
+        print(f"    {count / n:7.3f}  {what}  ({count})")
+    refused = [e for e in calls if (e.get("responseStatus") or {}).get("code") == 403]
+    print(f"    refused (403): {len(refused)}")
+    lat = [rayjobs.at[k] - sent[k] for k in sent if k in rayjobs.at]
+    print(f"  create -> RayJob at {n}: p50 {statistics.median(lat):.2f} s, p99 {pct(lat, 0.99):.2f} s")
+    return ns, all_done_s, memory["VmRSS"], len(calls) / n
+
+
 def warm_up(client: kubernetes.client.ApiClient, threads: int, timeout: float) -> None:
     """An operator just started: 20 TrainingJobs it is done with (its connections, the API server's
     caches for its requests), in a namespace deleted after, as the burst phase's warm-up."""
@@ -684,61 +747,10 @@ def main() -> None:
                 writes_round(i)
                 handle = controlplane.start_operator(operator_env)
                 warm_up(client, args.threads, args.timeout)
-            ns = make_namespace(client, "scale")
-            rayjobs, statuses = seen_rayjobs_and_statuses(client, ns)
-            offset = controlplane.audit_offset()
-            groups = process_groups(handle.pid)
-            bodies = trainingjobs(ns, n, "j", suspend=True)
-            profile = Profile(handle.pid, args.profile) if args.profile and last_round else None
-            cpu_before = cpu_seconds(groups)
-            sent, last = create_all(client, ns, api.TRAININGJOBS, bodies, args.threads)
-            first = min(sent.values())
-            create_s = last - first
-            complete = rayjobs.wait(list(sent), args.timeout) and statuses.wait(list(sent), args.timeout)
-            done_at = max([*rayjobs.at.values(), *statuses.at.values()])
-            all_done_s = done_at - first
-            cpu_after, cpu_wall = cpu_seconds(groups), time.monotonic() - first
-            if profile is not None:
-                profile.stop()
-            memory = rss_kb(handle.pid)
-            time.sleep(5)
-            calls = [
-                e
-                for e in controlplane.audit_since(offset)
-                if (e.get("objectRef") or {}).get("namespace") in (ns, None)
-            ]
-            rayjobs.stop()
-            statuses.stop()
-            phases = collections.Counter()
-            for k in sent:
-                phases["with RayJob"] += k in rayjobs.at
-                phases["with status"] += k in statuses.at
-            print(
-                f"{n} TrainingJobs, {label}: created in {create_s:.2f} s; all reconciled after {all_done_s:.2f} s"
-                + ("" if complete else f" (TIMED OUT: {dict(phases)})")
-            )
-            print(
-                f"  all-done ÷ raw RayJob creates: {all_done_s / raw_s:.2f}x (goal <= 3x); "
-                f"÷ the floor: {all_done_s / floor_s:.2f}x; ÷ every write a job needs (its round's): "
-                f"{all_done_s / writes_s[i]:.2f}x (its last write answered: {all_done_s / writes_unwatched_s[i]:.2f}x)"
-            )
-            cpu_table(cpu_before, cpu_after, cpu_wall, n, "the first create to all-done")
-            if profile is not None:
-                profile.summary()
-            print(
-                f"  operator RSS {memory['VmRSS'] / 1024:.0f} MB, peak {memory['VmHWM'] / 1024:.0f} MB (goal <= 150 MB)"
-            )
-            print(
-                f"  operator API calls (audit log): {len(calls)} = {len(calls) / n:.2f} per TrainingJob (goal <= 6)"
-            )
-            for what, count in collections.Counter(map(call_kind, calls)).most_common():
-                print(f"    {count / n:7.3f}  {what}  ({count})")
-            refused = [e for e in calls if (e.get("responseStatus") or {}).get("code") == 403]
-            print(f"    refused (403): {len(refused)}")
-            lat = [rayjobs.at[k] - sent[k] for k in sent if k in rayjobs.at]
-            print(
-                f"  create -> RayJob at {n}: p50 {statistics.median(lat):.2f} s, p99 {pct(lat, 0.99):.2f} s"
-            )
+            ns, all_done_s, rss, calls_per_job = scale_round(
+                client, handle.pid, n, args.threads, args.timeout, label,
+                (raw_s, floor_s, writes_s[i], writes_unwatched_s[i]), args.profile if last_round else None,
+            )  # fmt: skip
             all_done.append(all_done_s)
             over_floor.append(all_done_s / writes_s[i])  # ÷ every write a job needs, watched
             over_unwatched.append(all_done_s / writes_unwatched_s[i])  # as the rounds before measured it
@@ -755,8 +767,8 @@ def main() -> None:
         results[f"operator_over_floor_{n}_min"] = min(over_floor)
         results[f"operator_over_floor_{n}_max"] = max(over_floor)
         results[f"operator_over_unwatched_writes_{n}"] = statistics.median(over_unwatched)
-        results["operator_api_calls_per_job"] = len(calls) / n  # the last round's
-        results[f"operator_rss_mb_{n}"] = memory["VmRSS"] / 1024
+        results["operator_api_calls_per_job"] = calls_per_job  # the last round's
+        results[f"operator_rss_mb_{n}"] = rss / 1024
         # A rollout at this moment: SIGTERM while KubeRay's status updates of the N RayJobs still
         # arrive; a pod gets 30 s (Kubernetes' default grace period) before SIGKILL.
         stopping = time.monotonic()
