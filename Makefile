@@ -139,23 +139,27 @@ test-chart: setup ## helm lint/template, strict validation for Kubernetes 1.30-1
 KIND_CLUSTER := rayship
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' operator/rayship/__init__.py)
 
-# `make images` needs no registry: images/build.py runs Debian's dockerd and containerd for the build
-# only, on stand-in bases made from Debian's packages (mmdebstrap), and keeps each image as a `docker
-# save` archive (for `ctr -n k8s.io images import`) in $(RAYSHIP_CACHE)/images, rebuilt when an input
-# changes. The packages are pinned (sorted by name: dpkg-query lists them so); none starts a service.
-IMAGE_DEBS := containerd=1.6.20~ds1-1+deb12u3 docker.io=20.10.24+dfsg1-1+deb12u1+b6 mmdebstrap=1.3.5-7 runc=1.1.5+ds1-1+deb12u1
+# `make images` needs no outside registry: images/build.py runs Debian's dockerd and containerd for the
+# build only, on stand-in bases made from Debian's packages (mmdebstrap), and pushes each image to a
+# registry on 127.0.0.1 (Debian's docker-registry, run only while it builds or a node pulls) that keeps
+# its storage in $(RAYSHIP_CACHE)/images, rebuilt when an input changes: a push and a node's pull move
+# only the new layers. The packages are pinned (sorted by name: dpkg-query lists them so); none starts
+# a service.
+IMAGE_DEBS := containerd=1.6.20~ds1-1+deb12u3 docker-registry=2.8.2+ds1-1 docker.io=20.10.24+dfsg1-1+deb12u1+b6 \
+	mmdebstrap=1.3.5-7 runc=1.1.5+ds1-1+deb12u1
 
-images: image-deps ## build the operator image and the CPU workload image, no registry needed (archives in ~/.cache/rayship/images)
+images: image-deps ## build the operator image and the CPU workload image, no outside registry needed (kept in ~/.cache/rayship/images)
 	python3 images/build.py
 
-image-deps: ## install what images/build.py runs (Debian's dockerd, containerd, mmdebstrap; pinned)
-	@if [ "$$(dpkg-query -W -f='$${Package}=$${Version} ' $(foreach d,$(IMAGE_DEBS),$(firstword $(subst =, ,$(d)))) 2>/dev/null)" != "$(IMAGE_DEBS) " ]; then \
+image-deps: ## install what images/build.py runs (Debian's dockerd, containerd, docker-registry, mmdebstrap; pinned)
+	@if [ "$$(dpkg-query -W -f='$${Package}=$${Version} ' $(foreach d,$(IMAGE_DEBS),$(firstword $(subst =, ,$(d)))) 2>/dev/null)" != "$(strip $(IMAGE_DEBS)) " ]; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(IMAGE_DEBS); \
 	fi
 
 kind-up: setup images ## kind cluster + images + KubeRay 1.7.0 + rayship (from the chart)
 	kind create cluster --name $(KIND_CLUSTER)
-	python3 images/build.py --print | awk '{print $$2}' | xargs -n1 kind load image-archive --name $(KIND_CLUSTER)
+	python3 images/build.py --save $(VENV)/images
+	ls $(VENV)/images/*.tar | xargs -n1 kind load image-archive --name $(KIND_CLUSTER)
 	$(BIN)/helm repo add kuberay https://ray-project.github.io/kuberay-helm/
 	$(BIN)/helm install kuberay-operator kuberay/kuberay-operator --version 1.7.0 --kube-context kind-$(KIND_CLUSTER) --wait
 	$(BIN)/helm install rayship charts/rayship -n rayship-system --create-namespace --kube-context kind-$(KIND_CLUSTER) \

@@ -7,17 +7,17 @@ tools or caches left in), and does a change to our Python sources rebuild only t
 Goals: image_operator_mb <= 250; image_workloads_cpu_mb <= 1.15x its pinned wheels (installed) plus
 its base; images_rebuild_after_source_change_s <= 60.
 
-Sizes are read from the archives `python3 images/build.py` leaves in the cache (built first if
-missing): each layer's size (the uncompressed tar Docker saved), with the instruction that made it
-from the image's history, so a table shows where the bytes are. The baseline of the workload image is
-what must be in it: its operating system (the layers before the first pip install from the
-wheelhouse: Debian minbase and the packages the Dockerfiles add) plus every wheel of the wheelhouse
-installed (the sum of each wheel's uncompressed files; deepspeed's sdist by its unpacked size).
+Sizes are read from what `python3 images/build.py` records of each build (built first if missing):
+each layer's size as Docker keeps it (uncompressed), with the instruction that made it, so a table
+shows where the bytes are. The baseline of the workload image is what must be in it: its operating
+system (the layers before the first pip install from the wheelhouse: Debian minbase and the packages
+the Dockerfiles add) plus every wheel of the wheelhouse installed (the sum of each wheel's
+uncompressed files; deepspeed's sdist by its unpacked size).
 
 The rebuild: a git worktree of HEAD with one comment line added to workloads/rayship_workloads/
-__init__.py is built with the same cache (Docker's layer cache included), then the repo itself again
-(its archive is the one kept: images/build.py keeps one per image); each prints its build, checks and
-save. Baseline: the same command with nothing changed (the hash check alone). The import into a
+__init__.py is built with the same cache (Docker's layer cache and the registry included), then the
+repo itself again (the registry keeps the newest build of each image); each prints its build, checks
+and push. Baseline: the same command with nothing changed (the hash check alone). The pull into a
 running cluster's containerd is not part of this figure (`make cluster-up` prints it).
 
 Prints tables and ends with one RESULT line per figure; never fails on the goals. Takes ~4 min.
@@ -26,7 +26,6 @@ Prints tables and ends with one RESULT line per figure; never fails on the goals
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tarfile
@@ -41,18 +40,6 @@ sys.path.insert(0, str(ROOT))
 from images import build as images  # noqa: E402
 
 MB = 1e6
-
-
-def layers(archive: Path) -> list[tuple[int, str]]:
-    """(size in bytes, the instruction that made it) of each layer of a `docker save` archive."""
-    with tarfile.open(archive) as tar:
-        (manifest,) = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
-        config = json.load(tar.extractfile(manifest["Config"]))  # type: ignore[arg-type]
-        sizes = [tar.getmember(name).size for name in manifest["Layers"]]
-    made = [h.get("created_by", "") for h in config.get("history", []) if not h.get("empty_layer")]
-    if len(made) != len(sizes):
-        made = ["?"] * len(sizes)
-    return list(zip(sizes, made, strict=True))
 
 
 def os_layers(found: list[tuple[int, str]]) -> int:
@@ -72,10 +59,11 @@ def installed_size(path: Path) -> int:
 
 
 def sizes() -> dict[str, float]:
-    built = images.ensure_built(log=lambda line: print(line, flush=True))
+    images.ensure_built(log=lambda line: print(line, flush=True))
     figures: dict[str, float] = {}
     for image in images.images():
-        found = layers(built[image.ref])
+        # the steps that added bytes (docker history also lists those that only set metadata)
+        found = [(size, made) for size, made in image.record()["layers"] if size > 0]
         system = os_layers(found)
         total = sum(size for size, _ in found)
         base = sum(size for size, _ in found[:system])

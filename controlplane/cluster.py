@@ -102,8 +102,8 @@ from controlplane.config import (
 from controlplane.leftovers import leftovers
 from controlplane.network import api_forward, ensure_netns, netns_exists, remove_netns
 from controlplane.node_lifecycle import (
-    import_images,
-    node_archives,
+    load_images,
+    node_images,
     node_missing,
     node_paths,
     real_node_namespace,
@@ -259,7 +259,7 @@ def _node_as_asked(node: bool | None, paths: Paths, state: State) -> None:
         save_state(state, paths)
     elif node is True:  # running: the images as they are now (rebuilt and imported if a source changed)
         npaths = node_paths(paths)
-        import_images(npaths, node_archives(npaths))
+        load_images(npaths, *node_images(npaths))
     elif node is False and any(name in state.procs for name in NODE_PROCS):
         log(f"stopping the real node: {', '.join(stop_node(paths, state))}")
         save_state(state, paths)

@@ -76,12 +76,17 @@ def _node_network() -> None:
     run_command(["ip", "netns", "exec", NETNS, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
 
 
-def import_images(npaths: realnode.NodePaths, archives: dict[str, Path]) -> None:
-    """`ctr images import` each archive not imported yet (containerd's root outlives the cluster)."""
+def load_images(npaths: realnode.NodePaths, archives: dict[str, Path], built: dict[str, str]) -> None:
+    """Put what the node runs into its containerd, whose root outlives the cluster, so that only what
+    changed moves: each archive not imported yet (`ctr images import`: the pause image), and each
+    product image whose build (`built`: ref -> digest) it lacks, pulled by digest from the registry
+    `make images` pushes to. A pull fetches only the blobs containerd lacks and unpacks only the layers
+    it has not unpacked: after a source change, the last one (a few MB, not the 6.8 GB an import read)."""
     record = npaths.cache / "imported.json"
     done = json.loads(record.read_text()) if record.exists() else {}
     have = {row[0] for row in _images(npaths)}
     superseded: list[str | None] = []
+    pulled_as: list[str] = []
     try:
         for ref, archive in archives.items():
             if done.get(ref) == archive.name and ref in have:
@@ -96,14 +101,34 @@ def import_images(npaths: realnode.NodePaths, archives: dict[str, Path]) -> None
             log(
                 f"imported {ref} ({archive.stat().st_size / 1e6:.0f} MB) in {time.monotonic() - started:.0f}s"
             )
+        wanted = {ref: digest for ref, digest in built.items() if _digest(npaths, ref) != digest}
+        if wanted:
+            from images import build as images
+
+            with images.registry_served(log) as host:
+                for ref, digest in wanted.items():
+                    started = time.monotonic()
+                    old, source = _digest(npaths, ref), images.registry_ref(host, ref, digest)
+                    _ctr(npaths, "images", "pull", "--plain-http", source)
+                    pulled_as.append(source)
+                    _ctr(npaths, "images", "tag", "--force", source, ref)  # ref now names the new build
+                    superseded.append(old)
+                    log(f"pulled {ref} ({digest}) in {time.monotonic() - started:.0f}s")
     finally:
-        # Only once every import has unpacked (or one failed: the builds replaced so far are still
+        # Only once every image has unpacked (or one failed: the builds replaced so far are still
         # dropped, not left behind): dropping a build starts containerd's garbage collector, and a
         # collection running while the next archive unpacks removed a parent snapshot that import had
         # just found unpacked ("failed to prepare extraction snapshot ...: parent snapshot sha256:...
         # does not exist: not found", the clean-clone CI of 352d649).
+        if pulled_as:
+            _ctr(npaths, "images", "rm", *pulled_as)  # the registry's names: ref names each build
         for digest in superseded:
             _drop_superseded(npaths, digest)
+
+
+def image_digests(npaths: realnode.NodePaths) -> dict[str, str]:
+    """Each name in the node's containerd -> the digest of the manifest it names."""
+    return {row[0]: row[2] for row in _images(npaths) if len(row) > 2}
 
 
 def _images(npaths: realnode.NodePaths) -> list[list[str]]:
@@ -126,13 +151,12 @@ def _drop_superseded(npaths: realnode.NodePaths, digest: str | None) -> None:
         _ctr(npaths, "images", "rm", "--sync", *names)
 
 
-def node_archives(npaths: realnode.NodePaths) -> dict[str, Path]:
-    from images import build as images  # the product images (make images), built if missing
+def node_images(npaths: realnode.NodePaths) -> tuple[dict[str, Path], dict[str, str]]:
+    """What `load_images` loads: the pause image's archive, and the product images' builds (`make
+    images`, built if missing) by ref -> digest."""
+    from images import build as images
 
-    return {
-        realnode.PAUSE_REF: realnode.pause_archive(npaths.cache / "pause"),
-        **images.ensure_built(log=log),
-    }
+    return {realnode.PAUSE_REF: realnode.pause_archive(npaths.cache / "pause")}, images.ensure_built(log=log)
 
 
 def _node_files(paths: Paths, npaths: realnode.NodePaths) -> dict[str, Path]:
@@ -165,7 +189,7 @@ def start_node(paths: Paths, state: State, bins: dict[str, Path]) -> None:
     if why:
         raise RuntimeError(why)
     npaths = node_paths(paths)
-    archives = node_archives(npaths)
+    archives, built = node_images(npaths)
     kcs = _node_files(paths, npaths)
     kubectl_apply(paths, realnode.rbac_objects())
     _node_network()
@@ -189,7 +213,7 @@ def start_node(paths: Paths, state: State, bins: dict[str, Path]) -> None:
         "containerd", "--config", str(npaths / "containerd.toml"),
     ])  # fmt: skip
     wait_until("containerd", lambda: _ctr(npaths, "version", check=False).returncode == 0, 60, containerd)
-    import_images(npaths, archives)
+    load_images(npaths, archives, built)
     kubelet = spawn("kubelet", [
         "nsenter", f"--mount=/proc/{containerd.pid}/ns/mnt", f"--net=/run/netns/{NETNS}",
         str(bins["kubelet"]), f"--config={npaths / 'kubelet.json'}", f"--kubeconfig={kcs['kubelet']}",

@@ -1,32 +1,36 @@
-"""Build the operator and workload images with no container registry (`make images`).
+"""Build the operator and workload images with no registry but our own (`make images`).
 
 operator/Dockerfile and workloads/Dockerfile are built exactly as a user with internet builds them,
 except for their base image: a build arg points it at a stand-in made here from Debian's packages
 (mmdebstrap bookworm minbase, Python 3.11) that keeps the upstream base's contract (README, "Images
-without a registry"; images/standin/*.Dockerfile). Each product is a `docker save` archive in a cache
-OUTSIDE the clone, named by a hash of everything that goes into it:
+without an outside registry"; images/standin/*.Dockerfile). Each product is pushed to a registry on
+127.0.0.1 that serves a folder of the cache OUTSIDE the clone (images/registry.py), and recorded by
+a hash of everything that goes into it:
 
-    ${RAYSHIP_CACHE:-~/.cache/rayship}/images/<image>-<tag>-<hash>.tar   (+ <archive>.complete)
+    ${RAYSHIP_CACHE:-~/.cache/rayship}/images/registry/             the registry's storage
+    ${RAYSHIP_CACHE:-~/.cache/rayship}/images/<image>-<tag>-<hash>.json   its digest, layers, timings
 
-which `ctr -n k8s.io images import` reads (refs docker.io/rayship/<image>:<tag>). A second run with
-nothing changed checks the hashes and builds nothing; a change to the Python sources rebuilds only
-the last layer of each Dockerfile (Docker's layer cache stays in the cache's data root), as does one
-to README.md; one to pyproject.toml reinstalls the dependencies (the Dockerfiles read them from it).
+from which the real node's containerd pulls it (`ctr images pull`; refs docker.io/rayship/<image>:<tag>).
+A second run with nothing changed checks the hashes and builds nothing; a change to the Python
+sources rebuilds only the last layer of each Dockerfile (Docker's layer cache stays in the cache's
+data root), as does one to README.md, and the push and the node's pull move only that layer; one to
+pyproject.toml reinstalls the dependencies (the Dockerfiles read them from it).
 
 Why Docker: Debian packages dockerd 20.10 (docker.io) with BuildKit built in and the docker CLI
 20.10 that drives it without buildx; buildkitd and nerdctl are not packaged in bookworm (they would
-be compiled from Go sources on this 2-core machine), and `docker save` writes the Docker archive
-format that `ctr images import` reads. dockerd runs only while images are built, in a private mount
-namespace (its mounts never reach the host), with everything under the cache, no bridge, no
-iptables rules and no IP forwarding; builds use the host's network.
+be compiled from Go sources on this 2-core machine). dockerd runs only while images are built
+(images/dockerd.py). Why a registry: docker 20.10 exports only whole images (`docker save` wrote the
+6.8 GB workload image after every build, most of a rebuild's time); a push and a pull move only what
+the other side lacks.
 
 pip in the builds installs from a wheelhouse in the cache (`pip download` on the host, once per set
 of pins), served on 127.0.0.1 and passed as PIP_FIND_LINKS with PIP_NO_INDEX=1: the ~3 GB of torch
 and CUDA wheels are downloaded once per machine, and no build talks TLS to the package index (so no
 CA bundle goes into a build).
 
-    python3 images/build.py            # build what is missing, print sizes and timings
-    python3 images/build.py --print    # ref, archive path, built|missing (builds nothing)
+    python3 images/build.py              # build what is missing, print sizes and timings
+    python3 images/build.py --print      # ref, digest or "missing" (builds nothing)
+    python3 images/build.py --save DIR   # each image as a `docker save` archive in DIR (kind load)
 """
 
 from __future__ import annotations
@@ -41,27 +45,27 @@ import json
 import os
 import pwd
 import re
-import shlex
 import shutil
-import signal
-import subprocess
 import sys
-import tarfile
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+if not __package__:  # run as a script: python3 images/build.py ...
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from images import registry as image_registry
+from images.dockerd import DOCKER, Docker, docker_daemon
+from images.processes import LOG, BuildError, run_logged, start_logged, wait_logged
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 STANDIN_DIR = HERE / "standin"
 
-# Docker's own CLI from the docker.io package: it drives dockerd 20.10's built-in BuildKit (the
-# builder users' Docker runs by default) without the buildx plugin that newer CLIs need for it.
-DOCKER = "/usr/bin/docker"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_SOURCES = (
     "deb http://deb.debian.org/debian bookworm main",
@@ -88,11 +92,6 @@ PIP_PIN = "pip==26.3"
 # Fixed, so that the wheelhouse URL (a build arg, part of each pip layer's cache key) is the same
 # from one build to the next; another port is used if this one is taken (those layers then rebuild).
 WHEELHOUSE_PORT = 29181
-LOG = Callable[[str], None]
-
-
-class BuildError(Exception):
-    """A step failed; the message is one line saying which and why."""
 
 
 def _user_home() -> Path:
@@ -235,12 +234,16 @@ class Image:
     checks: list[Check] = field(default_factory=list)
 
     @property
+    def repository(self) -> str:
+        return f"rayship/{self.name}"
+
+    @property
     def local_ref(self) -> str:
-        return f"rayship/{self.name}:{self.tag}"
+        return f"{self.repository}:{self.tag}"
 
     @property
     def ref(self) -> str:
-        """What `ctr images import` names the image (Docker's short names live under docker.io)."""
+        """What the node's containerd names the image (Docker's short names live under docker.io)."""
         return f"docker.io/{self.local_ref}"
 
     def build_args(self, wheelhouse_url: str) -> dict[str, str]:
@@ -257,11 +260,16 @@ class Image:
         parts.append(json.dumps(self.checks))
         return _digest(*parts)
 
-    def archive(self) -> Path:
-        return cache_root() / f"{self.name}-{self.tag}-{self.key()}.tar"
+    def record_file(self) -> Path:
+        """What the build of these inputs recorded once pushed: its digest, layers and timings."""
+        return cache_root() / f"{self.name}-{self.tag}-{self.key()}.json"
 
     def built(self) -> bool:
-        return _marker(self.archive()).is_file()
+        return self.record_file().is_file()
+
+    def record(self) -> dict:
+        found: dict = json.loads(self.record_file().read_text())
+        return found
 
 
 def images() -> list[Image]:
@@ -348,34 +356,6 @@ def _context_files(dockerfile: Path) -> list[Path]:
 # --- running things ----------------------------------------------------------------------------
 
 
-def _last_line(path: Path) -> str:
-    lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    return lines[-1] if lines else "(no output)"
-
-
-def _start_logged(
-    cmd: list[str], log_file: Path, env: dict[str, str] | None = None
-) -> subprocess.Popen[bytes]:
-    """Start cmd with its output appended to log_file."""
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with log_file.open("a") as out:
-        out.write(f"\n$ {' '.join(cmd)}\n")
-        out.flush()
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-
-
-def _wait_logged(process: subprocess.Popen[bytes], log_file: Path, what: str) -> None:
-    """Wait for a command `_start_logged` started; a failure names the step and its last line."""
-    code = process.wait()
-    if code != 0:
-        raise BuildError(f"{what} failed (exit {code}): {_last_line(log_file)} [log: {log_file}]")
-
-
-def _run_logged(cmd: list[str], log_file: Path, what: str, env: dict[str, str] | None = None) -> None:
-    """Run cmd with its output appended to log_file; a failure names the step and its last line."""
-    _wait_logged(_start_logged(cmd, log_file, env), log_file, what)
-
-
 def _require_tools() -> None:
     needed = {
         "unshare": "util-linux",
@@ -383,6 +363,7 @@ def _require_tools() -> None:
         "dockerd": "docker.io",
         "containerd": "containerd",
         DOCKER: "docker.io",
+        image_registry.BINARY: "docker-registry",
     }
     missing = sorted({pkg for tool, pkg in needed.items() if not shutil.which(tool)})
     if missing:
@@ -424,7 +405,7 @@ def ensure_wheelhouse(log: LOG) -> Path:
         requirements.write_text("\n".join(step) + "\n")
         cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-cache-dir"]
         cmd += ["--dest", str(wheelhouse()), "-r", str(requirements)]
-        _run_logged(cmd, log_file, f"pip download {' '.join(step)}", env)
+        run_logged(cmd, log_file, f"pip download {' '.join(step)}", env)
     _drop_unused_files(log_file)
     for old in wheelhouse().glob(".complete-*"):
         old.unlink()
@@ -486,198 +467,11 @@ def ensure_debian_rootfs(log: LOG) -> Path:
     cmd = ["unshare", "--mount", "--propagation", "private", "--", "mmdebstrap", *MMDEBSTRAP_OPTIONS]
     cmd += ["--mode=root", "--format=tar", f"--include={','.join(DEBIAN_PACKAGES)}"]
     cmd += [DEBIAN_SUITE, str(partial), *DEBIAN_SOURCES]
-    _run_logged(cmd, cache_root() / "logs" / "mmdebstrap.log", "mmdebstrap")
+    run_logged(cmd, cache_root() / "logs" / "mmdebstrap.log", "mmdebstrap")
     partial.rename(final)
     _marker(final).write_text(debian_key() + "\n")
     log(f"images: Debian root filesystem in {time.monotonic() - started:.0f}s -> {final}")
     return final
-
-
-# --- dockerd for the build only ----------------------------------------------------------------
-
-
-class Docker:
-    """A private dockerd (with its own containerd) whose state lives under the cache."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root / "docker"  # data: layers, BuildKit's cache, containerd's content
-        self.run_dir = root / "run"  # sockets and runtime state (short: unix socket paths)
-        self.logs = root / "logs"
-        self.socket = self.run_dir / "docker.sock"
-        self.cgroup = "rayship-images"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.env = dict(
-            os.environ,
-            DOCKER_HOST=f"unix://{self.socket}",
-            DOCKER_BUILDKIT="1",
-            DOCKER_CONFIG=str(self.root / "cli"),
-        )
-
-    def _containerd_config(self) -> Path:
-        # CRI off (no Kubernetes here); the opt plugin off (it would create /opt/containerd).
-        config = self.root / "containerd.toml"
-        config.write_text(
-            "version = 2\n"
-            f'root = "{self.root / "containerd"}"\n'
-            f'state = "{self.run_dir / "containerd"}"\n'
-            'disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.internal.v1.opt"]\n'
-            f'[grpc]\n  address = "{self.run_dir / "containerd.sock"}"\n'
-            f'[ttrpc]\n  address = "{self.run_dir / "containerd-ttrpc.sock"}"\n'
-        )
-        return config
-
-    def _script(self) -> str:
-        """Run inside the private mount namespace: a tmpfs over /run (containerd's shims put their
-        sockets in /run/containerd/s whatever its state folder says), containerd, then dockerd."""
-        containerd_sock = self.run_dir / "containerd.sock"
-        daemon_json = self.root / "daemon.json"
-        # Not /etc/docker/daemon.json; and the trust key, whose path dockerd 20.10 takes from its
-        # configuration file only, not in /etc/docker/key.json.
-        daemon_json.write_text(json.dumps({"deprecated-key-path": str(self.root / "key.json")}) + "\n")
-        dockerd = [
-            "dockerd",
-            f"--data-root={self.root / 'data'}",
-            f"--exec-root={self.run_dir / 'docker'}",
-            f"--pidfile={self.run_dir / 'dockerd.pid'}",
-            f"--host=unix://{self.socket}",
-            f"--containerd={containerd_sock}",
-            f"--config-file={daemon_json}",
-            f"--cgroup-parent={self.cgroup}",
-            "--storage-driver=overlay2",
-            "--bridge=none",
-            "--iptables=false",
-            "--ip6tables=false",
-            "--ip-forward=false",
-            "--ip-masq=false",
-        ]
-        q = shlex.quote
-        return (
-            "set -e\n"
-            "mount -t tmpfs -o mode=0755,size=64m rayship-images /run\n"
-            f"containerd --config {q(str(self._containerd_config()))} >> {q(str(self.logs / 'containerd.log'))} 2>&1 &\n"
-            f"for i in $(seq 300); do [ -S {q(str(containerd_sock))} ] && break; sleep 0.1; done\n"
-            f"exec {shlex.join(dockerd)} >> {q(str(self.logs / 'dockerd.log'))} 2>&1\n"
-        )
-
-    def start(self, log: LOG) -> None:
-        if len(str(self.run_dir)) > 60:  # unix socket paths under it must fit in 108 bytes
-            raise BuildError(f"{self.run_dir}: too long a path for unix sockets; set a shorter RAYSHIP_CACHE")
-        for folder in (self.root, self.run_dir, self.logs):
-            folder.mkdir(parents=True, exist_ok=True)
-        self.socket.unlink(missing_ok=True)
-        # nice: the builds share the 2 cores with whatever else runs here (as the Go builds do)
-        cmd = ["nice", "-n", "10", "unshare", "--mount", "--propagation", "private", "--"]
-        cmd += ["sh", "-c", self._script()]
-        self.process = subprocess.Popen(cmd, start_new_session=True)
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise BuildError(f"dockerd exited ({self.process.returncode}): {self._log_tail()}")
-            ping = self.docker("version", "--format", "{{.Server.Version}}")
-            if ping.returncode == 0:
-                log(
-                    f"images: dockerd {ping.stdout.strip()} up (pid {self.process.pid}, state in {self.root})"
-                )
-                return
-            time.sleep(0.5)
-        raise BuildError(f"dockerd did not answer within 90 s: {self._log_tail()}")
-
-    def _log_tail(self) -> str:
-        return f"{_last_line(self.logs / 'dockerd.log')} [log: {self.logs / 'dockerd.log'}]"
-
-    def docker(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([DOCKER, *args], env=self.env, capture_output=True, text=True)
-
-    def docker_logged(self, args: list[str], log_file: Path, what: str) -> None:
-        _run_logged([DOCKER, *args], log_file, what, self.env)
-
-    def docker_started(self, args: list[str], log_file: Path) -> subprocess.Popen[bytes]:
-        return _start_logged([DOCKER, *args], log_file, self.env)
-
-    def has_image(self, ref: str) -> bool:
-        return self.docker("image", "inspect", ref).returncode == 0
-
-    def stop(self, log: LOG) -> None:
-        """dockerd first (it unmounts its layers), then containerd; then make sure that nothing of
-        theirs is left: processes, mounts seen from the host, cgroups."""
-        if self.process is None:
-            return
-        pgid = self.process.pid  # start_new_session: the group of dockerd and containerd
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            log("images: dockerd did not stop within 60 s: killing it")
-            self.process.kill()
-            self.process.wait()
-        _stop_group(pgid, log)
-        for pid in _processes_mentioning(str(self.run_dir)):  # e.g. a container's shim
-            log(f"images: stopping leftover process {pid}")
-            os.kill(pid, signal.SIGKILL)
-        self.process = None
-        mounted = [
-            line for line in Path("/proc/mounts").read_text().splitlines() if str(cache_root()) in line
-        ]
-        if mounted:
-            raise BuildError(f"still mounted after dockerd stopped: {mounted[0]}")
-        _remove_cgroups(self.cgroup, log)
-
-
-def _group_members(pgid: int) -> list[int]:
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:  # the process ended while the list was read
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(stat.parent.name))
-    return members
-
-
-def _stop_group(pgid: int, log: LOG) -> None:
-    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
-        if not _group_members(pgid):
-            break
-        os.killpg(pgid, sig)
-        deadline = time.monotonic() + wait
-        while _group_members(pgid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-    if _group_members(pgid):
-        raise BuildError(f"processes of dockerd's group {pgid} survived SIGKILL: {_group_members(pgid)}")
-    log(f"images: dockerd and containerd stopped (process group {pgid})")
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if text.encode() in cmdline.read_bytes():
-                found.append(int(cmdline.parent.name))
-        except OSError:  # the process ended while the list was read
-            continue
-    return [pid for pid in found if pid != os.getpid()]
-
-
-def _remove_cgroups(name: str, log: LOG) -> None:
-    """The cgroup folders dockerd and runc created under each controller (empty once they stop)."""
-    for top in Path("/sys/fs/cgroup").glob(f"*/{name}"):
-        folders = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
-        for folder in [*folders, top]:
-            try:
-                folder.rmdir()
-            except OSError as error:  # still has a process: said, and left for the next run
-                log(f"images: cgroup {folder} left behind: {error.strerror}")
-
-
-@contextmanager
-def docker_daemon(log: LOG) -> Iterator[Docker]:
-    docker = Docker(cache_root())
-    try:
-        docker.start(log)
-        yield docker
-    finally:
-        docker.stop(log)
 
 
 # --- building ----------------------------------------------------------------------------------
@@ -720,18 +514,27 @@ def check_image(docker: Docker, image: Image) -> None:
             raise BuildError(f"{image.ref}: check failed: {what}: output {result.stdout.strip()[-200:]!r}")
 
 
-def _archive_refs(archive: Path) -> list[str]:
-    """The image names `ctr images import` will give the archive's images (its manifest.json)."""
-    with tarfile.open(archive) as tar:
-        member = tar.extractfile("manifest.json")
-        if member is None:
-            raise BuildError(f"{archive}: no manifest.json")
-        manifest = json.load(member)
-    return [f"docker.io/{tag}" for entry in manifest for tag in entry.get("RepoTags") or []]
+def layers(docker: Docker, image: Image) -> list[tuple[int, str]]:
+    """(bytes, the instruction that made it) of each step of the image, oldest first: its layers as
+    Docker keeps them, uncompressed (a step that adds no layer has 0 bytes)."""
+    fmt = "{{.Size}}\t{{.CreatedBy}}"
+    found = docker.docker("history", "--no-trunc", "--human=false", "--format", fmt, image.local_ref)
+    if found.returncode != 0:
+        raise BuildError(f"docker history of {image.ref} failed: {found.stderr.strip()}")
+    rows = [line.split("\t", 1) for line in found.stdout.splitlines() if line.strip()]
+    return [(int(size), made) for size, made in reversed(rows)]
 
 
-def build_image(docker: Docker, image: Image, wheelhouse_url: str, log: LOG) -> dict[str, float]:
-    """Build, check and save one image; returns what its .complete marker records."""
+def registry_ref(host: str, ref: str, digest: str) -> str:
+    """The name that pulls the build `digest` of `ref` from the registry at `host`."""
+    repository = ref.removeprefix("docker.io/").rpartition(":")[0]
+    return f"{host}/{repository}@{digest}"
+
+
+def build_image(
+    docker: Docker, registry: image_registry.Registry, image: Image, wheelhouse_url: str, log: LOG
+) -> dict:
+    """Build, check and push one image; returns what its record holds."""
     log_file = docker.logs / f"{image.name}.log"
     log_file.unlink(missing_ok=True)
     log(f"images: building {image.ref} ({image.dockerfile.relative_to(REPO)}) [log: {log_file}] ...")
@@ -742,34 +545,36 @@ def build_image(docker: Docker, image: Image, wheelhouse_url: str, log: LOG) -> 
     cmd += ["-t", image.local_ref, str(REPO)]
     docker.docker_logged(cmd, log_file, f"docker build of {image.ref}")
     built = time.monotonic()
-    archive = image.archive()
-    for old in archive.parent.glob(f"{image.name}-{image.tag}-*.tar*"):
-        old.unlink()  # the archives of earlier sources (and a save cut short): only one is kept
-    partial = archive.with_name(archive.name + ".partial")
-    # The checks run while Docker writes the archive (the workload image's ~7 GB: most of a rebuild
-    # after a source change); an image that fails one is not kept.
-    saving = docker.docker_started(["save", "-o", str(partial), image.local_ref], log_file)
+    for old in cache_root().glob(f"{image.name}-{image.tag}-*.json"):
+        old.unlink()  # the record of earlier sources: the image's tag in the registry is about to move
+    remote = f"{registry.host}/{image.local_ref}"
+    docker.docker_logged(["tag", image.local_ref, remote], log_file, f"docker tag of {image.ref}")
+    # The checks run while docker pushes the layers the registry lacks (every layer on a fresh machine,
+    # the last one after a source change). An image that fails one gets no record.
+    pushing = start_logged([DOCKER, "push", remote], log_file, docker.env)
     try:
         check_image(docker, image)
     except BuildError:
-        saving.kill()
-        saving.wait()
-        partial.unlink(missing_ok=True)
+        pushing.kill()
+        pushing.wait()
         raise
     checked = time.monotonic()
-    _wait_logged(saving, log_file, f"docker save of {image.ref}")
-    if _archive_refs(partial) != [image.ref]:
-        raise BuildError(f"{partial}: names {_archive_refs(partial)}, not {image.ref}")
-    partial.rename(archive)
-    size = int(docker.docker("image", "inspect", "--format", "{{.Size}}", image.local_ref).stdout.strip())
+    wait_logged(pushing, log_file, f"docker push of {image.ref} to {registry.host}")
+    pushed = time.monotonic()
+    docker.docker_logged(["image", "rm", remote], log_file, f"docker untag of {remote}")
+    found = layers(docker, image)
     record = {
-        "size_mb": round(size / 1e6),
+        "ref": image.ref,
+        "key": image.key(),
+        "digest": registry.manifest_digest(image.repository, image.tag),
+        "size_mb": round(sum(size for size, _ in found) / 1e6),
         "build_s": round(built - started, 1),
         "check_s": round(checked - built, 1),
-        "save_s": round(time.monotonic() - built, 1),  # beside the checks
-        "total_s": round(time.monotonic() - started, 1),
+        "push_s": round(pushed - built, 1),  # beside the checks
+        "total_s": round(pushed - started, 1),
+        "layers": found,
     }
-    _marker(archive).write_text(json.dumps({"ref": image.ref, "key": image.key(), **record}) + "\n")
+    image.record_file().write_text(json.dumps(record, indent=1) + "\n")
     return record
 
 
@@ -795,22 +600,18 @@ def _prune(docker: Docker) -> None:
 # --- the API -----------------------------------------------------------------------------------
 
 
-def archives() -> dict[str, Path]:
-    """Image ref (as `ctr images import` names it) -> its archive in the cache, built or not."""
-    return {image.ref: image.archive() for image in images()}
-
-
 def _describe(image: Image, record: dict) -> str:
     return (
         f"{image.ref}: {record['size_mb']} MB, built in {record['total_s']:.0f}s "
-        f"(build {record['build_s']:.0f}s, then checks {record['check_s']:.0f}s beside save {record['save_s']:.0f}s)"
-        f" -> {image.archive()}"
+        f"(build {record['build_s']:.0f}s, then checks {record['check_s']:.0f}s beside the push "
+        f"{record['push_s']:.0f}s) -> {record['digest']}"
     )
 
 
 @contextmanager
 def _build_lock(log: LOG) -> Iterator[None]:
-    """One build at a time per machine (one data root, one dockerd): a second caller waits."""
+    """One user of the cache at a time per machine (one data root, one dockerd, one registry): a
+    second caller waits."""
     cache_root().mkdir(parents=True, exist_ok=True)
     with (cache_root() / ".lock").open("w") as handle:
         try:
@@ -828,16 +629,24 @@ def _missing() -> list[Image]:
 def _build(todo: list[Image], log: LOG) -> None:
     folder = ensure_wheelhouse(log)
     ensure_debian_rootfs(log)
-    with docker_daemon(log) as docker, serve_wheelhouse(folder, log) as url:
+    with (
+        docker_daemon(cache_root(), log) as docker,
+        serve_wheelhouse(folder, log) as url,
+        image_registry.serving(cache_root(), log) as registry,
+    ):
         _prune(docker)
         ensure_standins(docker, todo, url, log)
         for image in todo:
-            log(f"images: built {_describe(image, build_image(docker, image, url, log))}")
+            log(f"images: built {_describe(image, build_image(docker, registry, image, url, log))}")
         _prune(docker)
+    started = time.monotonic()
+    registry.collect_garbage()  # the builds the tags no longer name
+    log(f"images: the registry's unnamed builds removed in {time.monotonic() - started:.1f}s")
 
 
-def ensure_built(log: LOG = print) -> dict[str, Path]:
-    """Build, check and save whatever image is missing from the cache; returns archives()."""
+def ensure_built(log: LOG = print) -> dict[str, str]:
+    """Build, check and push whatever image is missing; returns each image's ref -> its digest in
+    the registry."""
     started = time.monotonic()
     todo = _missing()
     if todo:
@@ -848,24 +657,59 @@ def ensure_built(log: LOG = print) -> dict[str, Path]:
                 _build(todo, log)
     for image in images():
         if image not in todo:
-            record = json.loads(_marker(image.archive()).read_text())
-            log(f"images: cached {_describe(image, record)}")
+            log(f"images: cached {_describe(image, image.record())}")
     log(f"images: {'built' if todo else 'checked'} in {time.monotonic() - started:.1f}s")
-    return archives()
+    return {image.ref: image.record()["digest"] for image in images()}
+
+
+@contextmanager
+def registry_served(log: LOG) -> Iterator[str]:
+    """The registry the images are pushed to, listening on 127.0.0.1 while the block runs (builds
+    wait meanwhile); yields its host for `registry_ref`."""
+    _require_tools()
+    with _build_lock(log), image_registry.serving(cache_root(), log) as registry:
+        yield registry.host
+
+
+def save_archives(folder: Path, log: LOG = print) -> list[Path]:
+    """Each image as a `docker save` archive in folder (what `kind load image-archive` reads)."""
+    digests = ensure_built(log)
+    folder.mkdir(parents=True, exist_ok=True)
+    saved = []
+    with (
+        _build_lock(log),
+        docker_daemon(cache_root(), log) as docker,
+        image_registry.serving(cache_root(), log) as registry,
+    ):
+        log_file = docker.logs / "save.log"
+        for image in images():
+            remote = registry_ref(registry.host, image.ref, digests[image.ref])
+            docker.docker_logged(["pull", remote], log_file, f"docker pull of {remote}")
+            docker.docker_logged(["tag", remote, image.local_ref], log_file, f"docker tag of {remote}")
+            archive = folder / f"{image.name}-{image.tag}.tar"
+            docker.docker_logged(
+                ["save", "-o", str(archive), image.local_ref], log_file, f"docker save of {image.ref}"
+            )
+            log(f"images: saved {image.ref} -> {archive}")
+            saved.append(archive)
+    return saved
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--print", action="store_true", help="print ref, archive, built|missing; build nothing"
-    )
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--print", action="store_true", help="print ref, digest or missing; build nothing")
+    what.add_argument("--save", metavar="DIR", type=Path, help="also save each image as an archive in DIR")
     args = parser.parse_args(argv)
     try:
         if args.print:
             for image in images():
-                print(f"{image.ref}\t{image.archive()}\t{'built' if image.built() else 'missing'}")
+                print(f"{image.ref}\t{image.record()['digest'] if image.built() else 'missing'}")
             return 0
-        ensure_built()
+        if args.save:
+            save_archives(args.save)
+        else:
+            ensure_built()
     except BuildError as error:
         print(f"images: {error}", file=sys.stderr)
         return 1

@@ -16,6 +16,9 @@ import pytest
 
 from controlplane import cluster as controlplane
 from controlplane import node as realnode
+from controlplane.node_lifecycle import image_digests, node_paths
+from controlplane.processes import Paths
+from images import build as image_build
 from rayship import __version__
 from tests.cluster_fixtures import port_forward
 from tests.operator.kube import wait_for
@@ -86,6 +89,15 @@ def test_real_node_is_ready_with_containerd_and_its_taint(real_node, core) -> No
     }
     addresses = {a.type: a.address for a in node.status.addresses}
     assert addresses["InternalIP"] == realnode.NODE_IP
+
+
+def test_the_node_has_the_builds_make_images_recorded(real_node) -> None:
+    """real-0's containerd names each product image by the build `make images` recorded (pulled by
+    that digest from the images' registry), and keeps none of the registry's own names."""
+    found = image_digests(node_paths(Paths()))
+    for image in image_build.images():
+        assert found.get(image.ref) == image.record()["digest"], (image.ref, found)
+    assert not [name for name in found if name.startswith("127.0.0.1")], found
 
 
 def test_the_operator_runs_as_the_charts_pod_on_the_real_node(real_node, api, core) -> None:

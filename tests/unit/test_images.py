@@ -587,8 +587,8 @@ def test_wheelhouse_args_have_no_default(path: Path) -> None:
 
 
 def test_built_refs_are_the_operator_version() -> None:
-    """The archives hold the images the chart and the CPU samples name, as containerd names them."""
-    assert sorted(image_build.archives()) == [
+    """The builds are the images the chart and the CPU samples name, as containerd names them."""
+    assert sorted(image.ref for image in image_build.images()) == [
         f"docker.io/rayship/rayship-operator:{__version__}",
         f"docker.io/rayship/rayship-workloads:{__version__}-cpu",
     ]
@@ -603,35 +603,50 @@ def test_standin_and_wheelhouse_pins() -> None:
     assert f"torch=={pyproject_pins()['torch']}" in steps
 
 
-def test_archive_name_follows_the_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An edit to a file the Dockerfile copies renames the archive (a rebuild); what .dockerignore
-    leaves out (a __pycache__) does not."""
+def test_record_name_follows_the_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An edit to a file the Dockerfile copies renames the build's record (a rebuild); what
+    .dockerignore leaves out (a __pycache__) does not."""
     for name in ("pyproject.toml", "README.md", ".dockerignore"):
         shutil.copy(REPO / name, tmp_path / name)
     shutil.copytree(REPO / "operator", tmp_path / "operator", ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(image_build, "REPO", tmp_path)
     monkeypatch.setenv("RAYSHIP_CACHE", str(tmp_path / "cache"))
 
-    def operator_archive() -> Path:
+    def operator_record() -> Path:
         (image,) = [i for i in image_build.images() if i.name == "rayship-operator"]
-        return image.archive()
+        return image.record_file()
 
-    before = operator_archive()
+    before = operator_record()
     assert before.parent == tmp_path / "cache" / "images"
     (tmp_path / "operator" / "rayship" / "__pycache__").mkdir(exist_ok=True)
     (tmp_path / "operator" / "rayship" / "__pycache__" / "x.pyc").write_bytes(b"\0")
-    assert operator_archive() == before
+    assert operator_record() == before
     source = tmp_path / "operator" / "rayship" / "cli.py"
     source.write_text(source.read_text() + "# edited\n")
-    assert operator_archive() != before
+    assert operator_record() != before
 
 
-def test_print_lists_missing_archives(
+def test_print_lists_missing_images(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`images/build.py --print` names each ref and archive, and builds nothing."""
+    """`images/build.py --print` names each ref with its build's digest or `missing`, and builds
+    nothing."""
     monkeypatch.setenv("RAYSHIP_CACHE", str(tmp_path))
     assert image_build.main(["--print"]) == 0
     rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
-    assert [(ref, status) for ref, _, status in rows] == [(ref, "missing") for ref in image_build.archives()]
+    assert rows == [[image.ref, "missing"] for image in image_build.images()]
     assert not (tmp_path / "images").exists()
+    (image, *_) = image_build.images()
+    image.record_file().parent.mkdir(parents=True)
+    image.record_file().write_text(json.dumps({"digest": "sha256:" + "a" * 64}))
+    assert image_build.main(["--print"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"{image.ref}\tsha256:{'a' * 64}"
+
+
+def test_a_build_is_pulled_by_its_digest_from_the_registry() -> None:
+    """The node pulls the exact build recorded, by digest, under the registry's host."""
+    digest = "sha256:" + "b" * 64
+    found = image_build.registry_ref(
+        "127.0.0.1:29182", "docker.io/rayship/rayship-workloads:0.1.0-cpu", digest
+    )
+    assert found == f"127.0.0.1:29182/rayship/rayship-workloads@{digest}"
