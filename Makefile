@@ -83,15 +83,18 @@ operator: setup ## run the operator against the current kube context
 	$(BIN)/rayship operator
 
 ##@ Test
-.PHONY: test test-unit test-operator test-workloads test-chart
-# `make test` runs the tiers that start no Ray (no Ray process, no Ray head) beside the local-Ray tier,
+.PHONY: test test-unit test-operator test-workloads test-chart builds
+# `make test` first builds what the tiers need that a machine builds once: the Go control plane and
+# the images, side by side (both niced; the first time ~15 and ~10 min, the image build's wheel
+# downloads and Debian bootstrap waiting on the network). Built beside the Ray tier instead, the images
+# took its 2 cores from timing-sensitive tests: the tier took 2002 s, 829 s alone.
+# Then it runs the tiers that start no Ray (no Ray process, no Ray head) beside the local-Ray tier,
 # then the end-to-end tier: Ray work stays one suite at a time, and the ~5 min of the others fill the
 # cores the Ray tier leaves idle (~25% on 2 cores: its waits on process starts and polls).
-# Beside it too, once those tiers end: what the end-to-end tier would wait for first, the images (built
-# again when a source changed, ~2 min) and the cluster with its real node (the workload image's
-# import into containerd, ~3 min). The Ray tier takes ~20 min, so the end-to-end tier finds the
-# cluster up; `make test` stops it at the end if it started it (the e2e fixtures reuse a running
-# cluster and leave it be).
+# Beside it too, once those tiers end: what the end-to-end tier would wait for first, the cluster with
+# its real node (the first pull of the workload image into its containerd, ~3 min). The Ray tier takes
+# ~14 min, so the end-to-end tier finds the cluster up; `make test` stops it at the end if it started
+# it (the e2e fixtures reuse a running cluster and leave it be).
 TIERS_WITHOUT_RAY := tests/unit tests/chart tests/controlplane tests/operator
 TIERS_WITH_RAY := tests/workloads
 TIERS_AFTER := tests/e2e
@@ -101,14 +104,20 @@ TIERS_AFTER := tests/e2e
 # beside the Ray tier runs in its own process group (setsid), so that an interrupted run stops it all.
 BESIDE = $(PYTEST) -q --durations=10 $(TIERS_WITHOUT_RAY) > $(VENV)/tier-without-ray.log 2>&1; \
 	echo $$? > $(VENV)/tier-without-ray.rc; \
-	echo "--- images and the cluster for $(TIERS_AFTER), started beside $(TIERS_WITH_RAY)"; \
-	SECONDS=0; python3 images/build.py && \
-	$(BIN)/python controlplane/cluster.py up --started-file $(VENV)/cluster-started-by-make-test; \
+	echo "--- the cluster for $(TIERS_AFTER), started beside $(TIERS_WITH_RAY)"; \
+	SECONDS=0; $(BIN)/python controlplane/cluster.py up --started-file $(VENV)/cluster-started-by-make-test; \
 	echo "--- (exit code $$?, in $${SECONDS}s)"
-test: setup cluster-build node-deps image-deps ## the whole suite (every tier; what CI runs)
+builds: setup node-deps image-deps ## the control plane's binaries and the images, built side by side
+	@echo "--- the control plane's binaries beside the images (the images' output follows)"; \
+	SECONDS=0; python3 images/build.py > $(VENV)/images-build.log 2>&1 & images=$$!; \
+	python3 controlplane/build.py; go=$$?; wait $$images; built=$$?; \
+	cat $(VENV)/images-build.log; echo "--- (exit codes: control plane $$go, images $$built; in $${SECONDS}s)"; \
+	exit $$(( go || built ))
+
+test: builds ## the whole suite (every tier; what CI runs)
 	@rm -f $(VENV)/tier-without-ray.rc $(VENV)/cluster-started-by-make-test; \
 	stop_ours() { [ ! -f $(VENV)/cluster-started-by-make-test ] || $(BIN)/python controlplane/cluster.py down --check; }; \
-	echo "--- $(TIERS_WITHOUT_RAY), then images and the cluster (beside the Ray tier; their output follows it)"; \
+	echo "--- $(TIERS_WITHOUT_RAY), then the cluster (beside the Ray tier; their output follows it)"; \
 	setsid bash -c '$(BESIDE)' > $(VENV)/beside-ray.log 2>&1 & beside=$$!; \
 	trap 'kill -- -$$beside 2>/dev/null; wait $$beside; stop_ours' EXIT; \
 	echo "--- $(TIERS_WITH_RAY)"; \
