@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from images.processes import LOG, BuildError, last_line, run_logged, start_logged, stop_group
+from images.processes import LOG, BuildError, group_members, last_line, run_logged, start_logged, stop_group
 
 BINARY = "docker-registry"
 # Fixed, because the registry's address is part of the name docker pushes to, and docker remembers
@@ -79,6 +79,7 @@ class Registry:
         self.data = root / "registry"
         self.config_file = root / "registry.json"
         self.log_file = root / "logs" / "registry.log"
+        self.pgid_file = root / "registry.pgid"  # while it runs: what a run killed outright leaves
         self.port = PORT
         self.pgid: int | None = None
 
@@ -91,7 +92,24 @@ class Registry:
         self.data.mkdir(parents=True, exist_ok=True)
         self.config_file.write_text(json.dumps(config(self.data, self.port), indent=2) + "\n")
 
+    def _stop_left_over(self, log: LOG) -> None:
+        """Stop the registry a run killed outright left serving this folder (it held the port): its
+        process group, as recorded, if its leader still runs this folder's config. Only one user of
+        the cache runs at a time (images/build.py's lock), so a registry found running is left over."""
+        if not self.pgid_file.is_file():
+            return
+        pgid = int(self.pgid_file.read_text())
+        try:
+            leader = Path(f"/proc/{pgid}/cmdline").read_bytes()
+        except OSError:  # ended
+            leader = b""
+        if group_members(pgid) and str(self.config_file).encode() in leader:
+            log(f"images: stopping the registry a killed run left (process group {pgid})")
+            stop_group(pgid, "the left-over registry", log)
+        self.pgid_file.unlink()
+
     def start(self, log: LOG) -> None:
+        self._stop_left_over(log)
         if not _port_free(PORT):
             self.port = _free_port()
             log(
@@ -100,6 +118,7 @@ class Registry:
         self._write_config()
         process = start_logged([BINARY, "serve", str(self.config_file)], self.log_file, new_session=True)
         self.pgid = process.pid
+        self.pgid_file.write_text(f"{self.pgid}\n")
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if process.poll() is not None:
@@ -119,6 +138,7 @@ class Registry:
         if self.pgid is not None:
             stop_group(self.pgid, "the registry", log)
             self.pgid = None
+            self.pgid_file.unlink(missing_ok=True)
 
     def manifest_digest(self, repository: str, tag: str) -> str:
         """The digest of the manifest `repository:tag` names (what a pull by digest asks for)."""

@@ -142,3 +142,18 @@ def test_a_registry_that_exits_at_start_is_one_line_naming_its_log(
         BuildError, match=rf"^the registry exited \(1\): .* \[log: {tmp_path}/logs/registry.log\]$"
     ):
         registry.Registry(tmp_path).start(lambda _: None)
+
+
+def test_a_registry_a_killed_run_left_is_stopped_by_the_next_start(tmp_path: Path) -> None:
+    """A run killed outright leaves its registry serving (and holding the port): the next start stops
+    that process group, as recorded, and serves on the port again."""
+    said: list[str] = []
+    left = registry.Registry(tmp_path)
+    left.start(said.append)  # and never stopped: its run was killed
+    assert left.port == registry.PORT and left.pgid is not None
+    with registry.serving(tmp_path, said.append) as served:
+        assert served.port == registry.PORT
+        assert not group_members(left.pgid)
+        assert _request(f"http://{served.host}/v2/", "GET") == 200
+    assert said[0] == f"images: stopping the registry a killed run left (process group {left.pgid})"
+    assert not (tmp_path / "registry.pgid").exists()
