@@ -3,7 +3,7 @@
     flock /tmp/rayship-ray.lock .venv/bin/python bench/realpods_startup.py [--workers 1] [--timeout-s 600]
 
 Question (issue 36 §3): how long does the CPU sample TrainingJob take from `kubectl apply` to its first
-epoch on real pods (the local control plane's real node real-0, images already built and imported:
+epoch on real pods (the local control plane's real node real-0, images already built and pulled:
 cached), where does that time go, and how does it compare with `rayship run -f` of the same YAML on
 local Ray on the same machine? Goal: realpods_apply_to_first_epoch_s <= 1.5x local_run_to_first_epoch_s
 (reported, never enforced).
@@ -14,7 +14,7 @@ workers of 0.5 CPU / 2Gi each; its checkpoint PVC (rayship-checkpoints) is made 
 One YAML file serves both paths.
 
 The control plane is brought up as `make cluster-up` does (controlplane.up with the real node and the
-rayship operator as the chart's pod: images built and imported if a source changed, all before any
+rayship operator as the chart's pod: images built and pulled if a source changed, all before any
 timing); a cluster already running is reused. What this run started is stopped at the end (the cluster:
 `controlplane/cluster.py down`, then its leftovers are listed; only the node, when the cluster ran
 without it). The job runs in a namespace of its own whose pods go to real-0, deleted (and its pods

@@ -257,7 +257,7 @@ def _node_as_asked(node: bool | None, paths: Paths, state: State) -> None:
             save_state(state, paths)
             raise
         save_state(state, paths)
-    elif node is True:  # running: the images as they are now (rebuilt and imported if a source changed)
+    elif node is True:  # running: the images as they are now (rebuilt and pulled if a source changed)
         npaths = node_paths(paths)
         load_images(npaths, *node_images(npaths))
     elif node is False and any(name in state.procs for name in NODE_PROCS):

@@ -198,7 +198,7 @@ def kubelet_config(paths: NodePaths, pki: Path) -> dict:
         "resolvConf": str(paths / "resolv.conf"),
         "podLogsDir": str(paths / "pod-logs"),
         "registerWithTaints": [TAINT],
-        # The images are imported, never pulled: keep them whatever the disk says.
+        # The images are loaded by `make cluster-up`, never pulled by the kubelet: keep them whatever the disk says.
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {"memory.available": "200Mi", "nodefs.available": "1%", "imagefs.available": "1%"},

@@ -298,7 +298,7 @@ def _chart_values(node_runs: bool) -> dict[str, Any]:
     from rayship import __version__
 
     return {
-        "image": {"pullPolicy": "Never"},  # imported into the node's containerd, never pulled
+        "image": {"pullPolicy": "Never"},  # loaded into the node's containerd, never pulled by the kubelet
         "nodeSelector": dict([realnode.LABEL]),
         "tolerations": [realnode.TOLERATION],
         "defaults": {"workloadImage": WORKLOAD_IMAGE_CPU.format(version=__version__), "cpuLimits": False},
