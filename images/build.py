@@ -627,6 +627,8 @@ def _missing() -> list[Image]:
 
 
 def _build(todo: list[Image], log: LOG) -> None:
+    for old in cache_root().glob("rayship-*.tar*"):
+        old.unlink()  # a `docker save` archive of the builds before the registry (6.8 GB) and its marker
     folder = ensure_wheelhouse(log)
     ensure_debian_rootfs(log)
     with (
