@@ -159,7 +159,7 @@ def deepspeed_requirement() -> str:
     pins = re.findall(r"\bdeepspeed==[\w.]+", (REPO / "workloads" / "Dockerfile").read_text())
     if len(set(pins)) != 1:
         raise BuildError(f"workloads/Dockerfile: expected one deepspeed==... pin, found {pins}")
-    return pins[0]
+    return str(pins[0])
 
 
 def wheelhouse_steps() -> list[list[str]]:

@@ -12,8 +12,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from images.processes import (
@@ -23,6 +22,7 @@ from images.processes import (
     processes_mentioning,
     remove_cgroups,
     run_logged,
+    running,
     start_logged,
     stop_group,
 )
@@ -158,11 +158,6 @@ class Docker:
         remove_cgroups(self.cgroup, log)
 
 
-@contextmanager
-def docker_daemon(root: Path, log: LOG) -> Iterator[Docker]:
-    docker = Docker(root)
-    try:
-        docker.start(log)
-        yield docker
-    finally:
-        docker.stop(log)
+def docker_daemon(root: Path, log: LOG) -> AbstractContextManager[Docker]:
+    """A private dockerd with its state under `root`, running while the block runs."""
+    return running(Docker(root), log)

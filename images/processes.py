@@ -7,10 +7,21 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 LOG = Callable[[str], None]
+
+
+class Daemon(Protocol):
+    def start(self, log: LOG) -> None: ...
+
+    def stop(self, log: LOG) -> None: ...
+
+
+D = TypeVar("D", bound=Daemon)
 
 
 class BuildError(Exception):
@@ -93,3 +104,13 @@ def remove_cgroups(name: str, log: LOG) -> None:
                 folder.rmdir()
             except OSError as error:  # still has a process: said, and left for the next run
                 log(f"images: cgroup {folder} left behind: {error.strerror}")
+
+
+@contextmanager
+def running(daemon: D, log: LOG) -> Iterator[D]:
+    """`daemon` started for the block and stopped after it, also when its start or the block fails."""
+    try:
+        daemon.start(log)
+        yield daemon
+    finally:
+        daemon.stop(log)

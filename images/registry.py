@@ -20,11 +20,19 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
-from images.processes import LOG, BuildError, group_members, last_line, run_logged, start_logged, stop_group
+from images.processes import (
+    LOG,
+    BuildError,
+    group_members,
+    last_line,
+    run_logged,
+    running,
+    start_logged,
+    stop_group,
+)
 
 BINARY = "docker-registry"
 # Fixed, because the registry's address is part of the name docker pushes to, and docker remembers
@@ -163,15 +171,11 @@ class Registry:
             raise BuildError("the registry's garbage collection needs the registry stopped")
         self._write_config()
         cmd = [BINARY, "garbage-collect", "--delete-untagged", str(self.config_file)]
-        run_logged(cmd, self.log_file.with_name("registry-gc.log"), "the registry's garbage collection")
+        gc_log = self.log_file.with_name("registry-gc.log")
+        gc_log.unlink(missing_ok=True)  # a line per blob it marks: the last collection's only
+        run_logged(cmd, gc_log, "the registry's garbage collection")
 
 
-@contextmanager
-def serving(root: Path, log: LOG) -> Iterator[Registry]:
+def serving(root: Path, log: LOG) -> AbstractContextManager[Registry]:
     """The registry of `root`, listening while the block runs."""
-    registry = Registry(root)
-    try:
-        registry.start(log)
-        yield registry
-    finally:
-        registry.stop(log)
+    return running(Registry(root), log)
