@@ -101,14 +101,15 @@ def load_images(npaths: realnode.NodePaths, archives: dict[str, Path], built: di
             log(
                 f"imported {ref} ({archive.stat().st_size / 1e6:.0f} MB) in {time.monotonic() - started:.0f}s"
             )
-        wanted = {ref: digest for ref, digest in built.items() if _digest(npaths, ref) != digest}
+        current = image_digests(npaths)
+        wanted = {ref: digest for ref, digest in built.items() if current.get(ref) != digest}
         if wanted:
             from images import build as images
 
             with images.registry_served(log) as host:
                 for ref, digest in wanted.items():
                     started = time.monotonic()
-                    old, source = _digest(npaths, ref), images.registry_ref(host, ref, digest)
+                    old, source = current.get(ref), images.registry_ref(host, ref, digest)
                     _ctr(npaths, "images", "pull", "--plain-http", source)
                     pulled_as.append(source)
                     _ctr(npaths, "images", "tag", "--force", source, ref)  # ref now names the new build
@@ -136,7 +137,7 @@ def _images(npaths: realnode.NodePaths) -> list[list[str]]:
 
 
 def _digest(npaths: realnode.NodePaths, ref: str) -> str | None:
-    return next((row[2] for row in _images(npaths) if row[0] == ref and len(row) > 2), None)
+    return image_digests(npaths).get(ref)
 
 
 def _drop_superseded(npaths: realnode.NodePaths, digest: str | None) -> None:
