@@ -382,11 +382,13 @@ def oci_archive(ref: str, files: dict[str, tuple[bytes, int]], entrypoint: list[
 
 # --- host steps -------------------------------------------------------------------------------------
 def cgroup_hierarchies() -> list[Path]:
-    """The mounted cgroup v1 hierarchies (cpu, memory, pids, ..., and systemd's named one)."""
+    """The mounted cgroup hierarchies: v1's (cpu, memory, pids, ..., and systemd's named one) and, on a
+    hybrid host, the unified v2 one (/sys/fs/cgroup/unified): runc makes each container's cgroup there
+    too, so the node's tree there must be removed and checked like the others (it was left behind)."""
     found = []
     for line in Path("/proc/mounts").read_text().splitlines():
         _, where, fstype, *_ = line.split()
-        if fstype == "cgroup":
+        if fstype in ("cgroup", "cgroup2"):
             found.append(Path(where))
     return sorted(set(found))
 
