@@ -527,7 +527,7 @@ def layers(docker: Docker, image: Image) -> list[tuple[int, str]]:
 
 def registry_ref(host: str, ref: str, digest: str) -> str:
     """The name that pulls the build `digest` of `ref` from the registry at `host`."""
-    repository = ref.removeprefix("docker.io/").rpartition(":")[0]
+    repository = {image.ref: image.repository for image in images()}[ref]
     return f"{host}/{repository}@{digest}"
 
 
@@ -675,8 +675,13 @@ def registry_served(log: LOG) -> Iterator[str]:
 
 def save_archives(folder: Path, log: LOG = print) -> list[Path]:
     """Each image as a `docker save` archive in folder (what `kind load image-archive` reads)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise BuildError(
+            f"--save {folder}: {error.strerror}: name a folder to write the archives in"
+        ) from error
     digests = ensure_built(log)
-    folder.mkdir(parents=True, exist_ok=True)
     saved = []
     with (
         _build_lock(log),

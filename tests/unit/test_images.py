@@ -650,3 +650,15 @@ def test_a_build_is_pulled_by_its_digest_from_the_registry() -> None:
         "127.0.0.1:29182", "docker.io/rayship/rayship-workloads:0.1.0-cpu", digest
     )
     assert found == f"127.0.0.1:29182/rayship/rayship-workloads@{digest}"
+
+
+def test_save_into_a_file_is_one_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--save` to a path that is a file says so in one line (exit 1), before building anything."""
+    monkeypatch.setenv("RAYSHIP_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "afile").write_text("")
+    assert image_build.main(["--save", str(tmp_path / "afile")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"images: --save {tmp_path / 'afile'}: File exists: name a folder to write the archives in"
+    assert not (tmp_path / "cache").exists()
