@@ -1,7 +1,7 @@
 """Serve throughput on loopback: Serve behind HAProxy vs behind its Python proxy, batched and
 unbatched, at 1, 8 and 32 clients, against the raw forward pass.
 
-    flock /tmp/rayship-ray.lock .venv/bin/python bench/serve_throughput.py [--requests 400] [--clients 1,8,32]
+    flock /tmp/rayship-ray.lock .venv/bin/python bench/serve_throughput.py [--seconds 5] [--clients 1,8,32]
 
 Each ingress runs in a child process of its own with its own local Ray (4 logical CPUs, token auth off,
 no dashboard), because Serve's processes read RAY_SERVE_ENABLE_HA_PROXY and
@@ -11,8 +11,9 @@ in front of the replicas) and `haproxy` (1, 1: with Serve's throughput settings 
 high-throughput guide pairs them; what rayship renders and `rayship serve` uses). Each serves an MLP exported as `rayship train` exports one (by default issue 14's:
 in_features=256, hidden=[2048] x 6, 21.5M parameters, a forward of one row ~6 ms on one core;
 `--in-features`/`--hidden` for others) with `rayship_workloads.serve`, and drives it with closed-loop
-HTTP clients (threads, keep-alive connections) until `--requests` requests are answered, at each
-client count. Two deployments per ingress, both with max_ongoing_requests 64 (what `app_builder` gives
+HTTP clients (threads, keep-alive connections) for `--seconds` at each client count (a fixed time,
+not a fixed number of requests: 400 requests at 32 clients were over in 0.6 s, and the figure moved
+by a tenth between runs). Two deployments per ingress, both with max_ongoing_requests 64 (what `app_builder` gives
 max_batch_size 32), so that batching is the only difference:
 
     batched    max_batch_size = 32
@@ -22,7 +23,7 @@ and, in this process, the raw model forward at batch size 32 x --rows (one threa
 one CPU): the limit in rows/s. Prints req/s, rows/s, p50/p99 latency and the CPU each process group
 spent per request (psutil), then the ratios: batched (HAProxy) / the limit in rows/s (goal >= 0.5x),
 batched / unbatched in req/s (goal >= 2x), and HAProxy / Python proxy per variant. It never fails on
-the goals. Nothing is downloaded; each Ray is stopped on exit. Takes ~9 min.
+the goals. Nothing is downloaded; each Ray is stopped on exit. Takes ~4 min.
 
 The model matters: the ratio to the limit compares Serve's per-request cost (HTTP, proxy, replica,
 JSON) with the forward pass. With the demo MLP a forward of 32 rows takes ~20 us, so the ratio
@@ -45,6 +46,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rayship_workloads.local import private_ray_environment
 
@@ -81,26 +83,33 @@ class Result:
     cpu_ms_per_request: dict[str, float] | None = None  # process group -> CPU ms per request
 
 
-def load(base_url: str, total: int, clients: int, rows: int, features: int) -> tuple[float, list[float]]:
-    """Closed loop: `clients` threads send /predict until `total` requests are answered.
-    Returns (elapsed seconds, per-request latencies in seconds)."""
+def load(
+    base_url: str, clients: int, rows: int, features: int, *, requests: int = 0, seconds: float = 0.0
+) -> tuple[float, list[float]]:
+    """Closed loop: `clients` threads send /predict until `requests` requests are answered, or (with
+    `seconds`) until that long has passed (each thread's request then in flight is still answered and
+    counted). Returns (elapsed seconds, per-request latencies in seconds)."""
     host_port = base_url.removeprefix("http://").split("/", 1)[0]
     path = base_url.removeprefix(f"http://{host_port}") + "/predict"
     body = json.dumps({"instances": [[0.25] * features] * rows}).encode()
     headers = {"Content-Type": "application/json"}
     latencies: list[float] = []
-    remaining = [total]
+    remaining = [requests]
     lock = threading.Lock()
     errors: list[str] = []
+    deadline = 0.0  # set as the threads start
+
+    def more() -> bool:
+        if seconds:
+            return time.perf_counter() < deadline
+        with lock:
+            remaining[0] -= 1
+            return remaining[0] >= 0
 
     def client() -> None:
         connection = http.client.HTTPConnection(host_port, timeout=60)
         try:
-            while True:
-                with lock:
-                    if remaining[0] == 0:
-                        return
-                    remaining[0] -= 1
+            while more():
                 start = time.perf_counter()
                 connection.request("POST", path, body, headers)
                 response = connection.getresponse()
@@ -116,6 +125,7 @@ def load(base_url: str, total: int, clients: int, rows: int, features: int) -> t
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
     start = time.perf_counter()
+    deadline = start + seconds
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -148,22 +158,26 @@ def bench_serve(
     results = []
     try:
         for clients in args.clients:
-            load(url, 4 * clients, clients, args.rows, args.in_features)  # warm-up
-            before = batch_sizes(url)
+            load(url, clients, args.rows, args.in_features, requests=4 * clients)  # warm-up
+            before = stats(url)
             cpu_before = cpu_by_group()
-            elapsed, latencies = load(url, args.requests, clients, args.rows, args.in_features)
+            elapsed, latencies = load(url, clients, args.rows, args.in_features, seconds=args.seconds)
             cpu_after = cpu_by_group()
-            batches = batch_sizes(url)[len(before) :]
-            note = f"batches: mean {statistics.mean(batches):.1f} / max {max(batches)}" if batches else ""
+            after = stats(url)
+            answered = len(latencies)
+            batches = after["batches"] - before["batches"]
+            # the replica's window holds the sizes of its last batches: this point's are its tail
+            tail = after["batch_sizes"][-batches:] if batches else []
+            note = f"batches: mean {answered / batches:.1f} / max {max(tail)}" if batches else ""
             results.append(
                 Result(
                     f"{ingress:8} {variant:10} {clients:3}",
-                    args.requests / elapsed,
-                    args.requests * args.rows / elapsed,
+                    answered / elapsed,
+                    answered * args.rows / elapsed,
                     1000 * percentile(latencies, 0.5),
                     1000 * percentile(latencies, 0.99),
                     note,
-                    {g: 1000 * (cpu_after[g] - cpu_before.get(g, 0.0)) / args.requests for g in cpu_after},
+                    {g: 1000 * (cpu_after[g] - cpu_before.get(g, 0.0)) / answered for g in cpu_after},
                 )
             )
     finally:
@@ -171,13 +185,14 @@ def bench_serve(
     return results
 
 
-def batch_sizes(base_url: str) -> list[int]:
-    """The replica's recent batch sizes (GET /stats)."""
+def stats(base_url: str) -> dict[str, Any]:
+    """The replica's batch statistics (GET /stats): its recent batch sizes, its batches and requests."""
     host_port = base_url.removeprefix("http://").split("/", 1)[0]
     connection = http.client.HTTPConnection(host_port, timeout=30)
     try:
         connection.request("GET", base_url.removeprefix(f"http://{host_port}") + "/stats")
-        return list(json.loads(connection.getresponse().read())["batch_sizes"])
+        body: dict[str, Any] = json.loads(connection.getresponse().read())
+        return body
     finally:
         connection.close()
 
@@ -255,7 +270,7 @@ def in_child(ingress: str) -> list[Result]:
 def print_tables(args: argparse.Namespace, results: list[Result], limit: Result, parameters: int) -> None:
     print(
         f"\nMLP in={args.in_features} hidden={args.hidden} ({parameters / 1e6:.1f}M parameters); "
-        f"{args.requests} requests/variant, {args.rows} row(s)/request, batch_wait_timeout_s="
+        f"{args.seconds:g} s/variant and client count, {args.rows} row(s)/request, batch_wait_timeout_s="
         f"{args.batch_wait_timeout_s}, max_ongoing_requests {SAME_CONCURRENCY}, loopback, {os.cpu_count()} cores"
     )
     print(
@@ -283,7 +298,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--requests", type=int, default=400, help="requests per variant and client count")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=5.0,
+        help="how long each variant and client count is measured (after its warm-up)",
+    )
     parser.add_argument(
         "--clients",
         type=lambda text: [int(n) for n in text.split(",")],

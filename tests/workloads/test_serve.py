@@ -74,7 +74,7 @@ def test_predict_matches_the_model(server: str, mlp: tuple[recipes.MLP, Path]) -
 
 
 def test_concurrent_requests_share_batches(server: str, mlp: tuple[recipes.MLP, Path]) -> None:
-    before = call("GET", f"{server}/stats")[1]["batch_sizes"]
+    before = call("GET", f"{server}/stats")[1]
     generator = torch.Generator().manual_seed(11)
     inputs = [torch.randn(1 + i % 3, IN_FEATURES, generator=generator).tolist() for i in range(CLIENTS)]
     results: dict[int, tuple[int, dict[str, Any]]] = {}
@@ -96,9 +96,13 @@ def test_concurrent_requests_share_batches(server: str, mlp: tuple[recipes.MLP, 
         torch.testing.assert_close(
             torch.tensor(body["predictions"]), expected(mlp[0], inputs[i]), rtol=0, atol=1e-5
         )
-    new = call("GET", f"{server}/stats")[1]["batch_sizes"][len(before) :]
+    after = call("GET", f"{server}/stats")[1]
+    new = after["batch_sizes"][len(before["batch_sizes"]) :]
     assert sum(new) == CLIENTS, new  # each request went through the batcher exactly once
     assert max(new) > 1, f"no batch of more than one request formed: {new}"
+    # the counters say the same as the window (which a long run fills)
+    assert after["batches"] - before["batches"] == len(new)
+    assert after["batched_requests"] - before["batched_requests"] == CLIENTS
 
 
 GOOD_ROW = [0.5] * IN_FEATURES

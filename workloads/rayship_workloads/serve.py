@@ -19,9 +19,10 @@ HTTP contract (paths relative to the application's route prefix; every body is J
                     text models, OpenAI-compatible (`llm`): max_tokens, temperature, top_p, stop, seed,
                     and "stream": true for server-sent events (`data: {...}` chunks, then `data: [DONE]`)
     GET  /healthz                                            -> {"status": "ok", "recipe": ..., "model_uri": ...}
-    GET  /stats     diagnostics: {"batch_sizes": [...], "model_loads": {...}}, the number of requests in each
-                    of the replica's last STATS_WINDOW batches and its model loads (per replica: with several
-                    replicas, one replica answers)
+    GET  /stats     diagnostics: {"batch_sizes": [...], "batches": n, "batched_requests": n, "model_loads": {...}},
+                    the number of requests in each of the replica's last STATS_WINDOW batches, how many
+                    batches and requests it has run since it started, and its model loads (per replica:
+                    with several replicas, one replica answers)
 
 Several models (`models: {name: uri}`) are served with Serve's model multiplexing: a request names its
 model in the `serve_multiplexed_model_id` header (Serve routes it to a replica that has it loaded; the
@@ -261,6 +262,7 @@ class ModelServer:
             # Wired here, not on the class, so that the cache size comes from the args.
             self.multiplexed = serve.multiplexed(max_num_models_per_replica=args.model_cache_size)(load_model)
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=STATS_WINDOW)
+        self.batches = self.batched_requests = 0  # since start: what the window cannot say once full
         batching = cast(_BatchSettings, self._forward)
         batching.set_max_batch_size(args.max_batch_size)
         batching.set_batch_wait_timeout_s(args.batch_wait_timeout_s)
@@ -301,6 +303,8 @@ class ModelServer:
         The rows become one tensor, are checked and come back as lists once per batch, not per request:
         with small requests, those torch calls per request were a tenth of the replica's time."""
         self.batch_sizes.append(len(items))
+        self.batches += 1
+        self.batched_requests += len(items)
         outputs: list[list[list[float]] | str] = [""] * len(items)
         with torch.no_grad():
             for loaded in {id(m): m for m, _ in items}.values():
@@ -402,9 +406,15 @@ class ModelServer:
 
     @api.get("/stats")
     async def stats(self) -> dict[str, Any]:
-        """Diagnostics: requests per batch for this replica's last STATS_WINDOW batches; with `models`,
-        how often each model was loaded on this replica (again after the cache evicted it)."""
-        return {"batch_sizes": list(self.batch_sizes), "model_loads": dict(self.model_loads)}
+        """Diagnostics: requests per batch for this replica's last STATS_WINDOW batches, and its batches
+        and their requests since it started; with `models`, how often each model was loaded on this
+        replica (again after the cache evicted it)."""
+        return {
+            "batch_sizes": list(self.batch_sizes),
+            "batches": self.batches,
+            "batched_requests": self.batched_requests,
+            "model_loads": dict(self.model_loads),
+        }
 
 
 # The Serve deployment of ModelServer (what `app_builder` binds; its name is the one KubeRay's
