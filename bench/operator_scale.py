@@ -530,16 +530,18 @@ def pct(values: list[float], q: float) -> float:
 
 
 class Profile:
-    """py-spy (sampling from outside: the operator runs unchanged) recording the operator's Python
-    stacks, every thread's, into `path` (py-spy's raw format: one `frame;frame;... count` line per
-    stack) until stopped; `summary` says where its samples fell."""
+    """py-spy (sampling from outside: the operator runs unchanged) recording the Python stack of the
+    operator's thread that holds the GIL (`--gil`: where its Python CPU goes; without it, the worker
+    threads waiting on the API server's answers in `SSLSocket.read` were half the samples) into `path`
+    (py-spy's raw format: one `frame;frame;... count` line per stack) until stopped; `summary` says
+    where its samples fell."""
 
     def __init__(self, pid: int, path: Path, rate: int = 100) -> None:
         spy = Path(sys.executable).with_name("py-spy")
         self.path = path
         self.process = subprocess.Popen(
             [str(spy), "record", "--pid", str(pid), "--rate", str(rate), "--nonblocking",
-             "--format", "raw", "--output", str(path)],
+             "--gil", "--format", "raw", "--output", str(path)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
 
