@@ -333,8 +333,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
     if not args.verbose:
         # kopf says "Handler 'rayjob_changed' succeeded." at INFO for every event it hands a handler:
         # ten lines per TrainingJob (KubeRay updates its RayJob five or six times), which said nothing
-        # our own lines do not, and 2% of the operator's CPU at 1000 jobs (bench/operator_scale.py
-        # --profile). kopf's warnings and errors about an object stay.
+        # our own lines do not, at a cost in CPU per event that bench/operator_scale.py shows at scale.
+        # kopf's warnings and errors about an object stay.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     handlers.run(
         standalone=True,
