@@ -157,6 +157,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--width", type=int, default=256)
     args = parser.parse_args()
+    if args.rounds < 1 or args.tokens < 1:
+        remove_when_unused(_TMP)  # made at import; no Ray has started in it
+        parser.error(f"--rounds {args.rounds} --tokens {args.tokens}: give 1 or more of each")
     torch.set_num_threads(1)  # as a replica with one CPU
     model, directory = make_model(args)
     parameters = sum(p.numel() for p in model.parameters())

@@ -38,7 +38,6 @@ import http.client
 import json
 import logging
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -166,9 +165,10 @@ def bench_serve(
             after = stats(url)
             answered = len(latencies)
             batches = after["batches"] - before["batches"]
+            batched = after["batched_requests"] - before["batched_requests"]
             # the replica's window holds the sizes of its last batches: this point's are its tail
             tail = after["batch_sizes"][-batches:] if batches else []
-            note = f"batches: mean {answered / batches:.1f} / max {max(tail)}" if batches else ""
+            note = f"batches: mean {batched / batches:.1f} / max {max(tail)}" if batches else ""
             results.append(
                 Result(
                     f"{ingress:8} {variant:10} {clients:3}",
@@ -321,12 +321,21 @@ def main() -> None:
     )
     parser.add_argument("--ingress", choices=INGRESSES, help=argparse.SUPPRESS)  # the child's
     args = parser.parse_args()
+    if args.seconds <= 0:
+        remove_when_unused(_TMP)  # made at import; no Ray has started in it
+        parser.error(f"--seconds {args.seconds:g}: give a time over 0 to measure each point for")
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     if args.ingress:
         run_ingress(args)
         return
-    shutil.rmtree(_TMP, ignore_errors=True)  # this process starts no Ray
-    results = {ingress: in_child(ingress) for ingress in INGRESSES}
+    # This process starts no Ray, but the children inherit the HAProxy file paths that importing
+    # rayship_workloads set under its folder (serve_ingress.serve_ingress_environment keeps paths it
+    # finds set), so their HAProxy writes there: removed once they are done. Removing it here at the
+    # start left a folder of HAProxy logs in /tmp after every run.
+    try:
+        results = {ingress: in_child(ingress) for ingress in INGRESSES}
+    finally:
+        remove_when_unused(_TMP)
     model, _ = model_of(args)
     limit = bench_forward(model, args)
     print_tables(
