@@ -1,6 +1,7 @@
 """Generate every derived file from the API models: the CRDs (`manifests/crds/`, the chart's
 `files/crds/`), the chart's RBAC rules (`rayship.rbac`), `values.schema.json` and values table
-(`rayship.chart`), and `manifests/install.yaml` (the chart rendered by `helm template`).
+(`rayship.chart`), the docs site's API reference (`docs/reference/api.md`, `rayship.apidocs`), and
+`manifests/install.yaml` (the chart rendered by `helm template`).
 
 `python -m rayship.generate` writes them; `--check` fails (exit 1) when a committed file differs from
 what the models produce, so CI catches drift. Nothing here is hand-copied: every schema comes from
@@ -19,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from rayship import api, chart, rbac
+from rayship import api, apidocs, chart, rbac
 from rayship.api import names
 
 # Keys pydantic emits that a Kubernetes structural schema must not carry.
@@ -205,6 +206,7 @@ def outputs(root: Path) -> dict[Path, str]:
         )
     files[root / CHART / "values.schema.json"] = json.dumps(chart.values_schema(), indent=2) + "\n"
     files[root / CHART / "README.md"] = chart_readme()
+    files[root / "docs" / "reference" / "api.md"] = apidocs.page([crd(kind) for kind in api.KINDS])
     return files
 
 

@@ -524,7 +524,8 @@ class TrainingJobStatus(ApiModel):
 
 
 class TrainingJob(ApiModel):
-    """Distributed training (PyTorch DDP or DeepSpeed ZeRO) on a KubeRay RayJob with GPU workers."""
+    """Distributed training (PyTorch DDP, FSDP2 or DeepSpeed ZeRO; Ray Tune searches) on a KubeRay RayJob with GPU
+    workers."""
 
     cel_rules: ClassVar = (name_rule(),)
     api_version: Literal["rayship.dev/v1alpha1"] = Field(..., alias="apiVersion")
