@@ -14,8 +14,13 @@ inherits a marker environment variable (RAYSHIP_BENCH_DEMO=<random>), found agai
 whatever became of its parent or session; also counted are processes still in the command's own session
 (it is started with a new one). Leftovers are listed, then stopped (SIGKILL, by pid: they are this run's).
 
-Prints a table per run and `RESULT demo_s=<median wall seconds>`; exits 1 if a run fails or leaves
-processes behind. The goal (issue 14): <= 35 s and nothing left; the Ray floor was measured at ~11 s.
+Beside it, in the same way (fresh HOME, timed from start to exit), Ray's own floor for the same shape
+of work with nothing of rayship's: local Ray started, a Ray Train run of 2 CPU workers that report 5
+times and train nothing, Serve started with a one-line deployment, one request, Ray stopped (`FLOOR`).
+
+Prints a table per run, then `RESULT demo_s=<median wall seconds>`, `RESULT ray_floor_s=<median>` and
+`RESULT demo_over_floor=<their ratio>`; exits 1 if a run fails or leaves processes behind. The goal
+(issue 56): the demo <= 30 s after setup, and nothing left.
 """
 
 from __future__ import annotations
@@ -36,6 +41,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+GOAL_S = 30.0
+# Ray's floor: the demo's shape (local Ray, 2 training workers reporting 5 epochs, Serve, one request,
+# shut down) with no data, model, checkpoint or rayship code.
+FLOOR = """
+import json, socket, urllib.request
+import ray, ray.train
+from ray import serve
+from ray.train import ScalingConfig
+from ray.train.torch import TorchTrainer
+
+ray.init(address="local", include_dashboard=True, log_to_driver=False)
+
+def loop(config):
+    for epoch in range(5):
+        ray.train.report({"epoch": epoch + 1})
+
+TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=2, use_gpu=False)).fit()
+
+@serve.deployment
+class Echo:
+    async def __call__(self, request):
+        return {"predictions": [[0.0]]}
+
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+serve.start(http_options={"host": "127.0.0.1", "port": port})
+serve.run(Echo.bind(), route_prefix="/floor")
+body = json.dumps({"instances": [[0.0]]}).encode()
+request = urllib.request.Request(f"http://127.0.0.1:{port}/floor", data=body, method="POST")
+print(urllib.request.urlopen(request, timeout=60).read().decode())
+ray.shutdown()
+"""
 MARKER = "RAYSHIP_BENCH_DEMO"
 LINGER_S = 5.0  # how long processes may take to exit after the command has returned
 # (phase label, prefix of the output line that ends it)
@@ -90,7 +127,20 @@ def marked_processes(token: str, session: int) -> dict[int, str]:
     return found
 
 
+def run_floor(timeout_s: float) -> Run:
+    """Ray's floor (`FLOOR`), run as the demo is: its own HOME, timed from start to exit."""
+    return run_command([sys.executable, "-c", FLOOR], timeout_s, port=None)
+
+
 def run_demo(sample: Path, timeout_s: float) -> Run:
+    return run_command(
+        [sys.executable, "-m", "rayship.cli", "demo", "-f", str(sample), "--runs-dir", "runs"],
+        timeout_s,
+        port=free_port(),
+    )
+
+
+def run_command(command: list[str], timeout_s: float, port: int | None) -> Run:
     home = Path(tempfile.mkdtemp(prefix="rs-demo-", dir="/tmp"))  # short: Ray's socket paths are limited
     token = secrets.token_hex(8)
     env = {
@@ -101,18 +151,8 @@ def run_demo(sample: Path, timeout_s: float) -> Run:
         MARKER: token,
         "PYTHONUNBUFFERED": "1",
     }
-    command = [
-        sys.executable,
-        "-m",
-        "rayship.cli",
-        "demo",
-        "-f",
-        str(sample),
-        "--runs-dir",
-        str(home / "runs"),
-        "--port",
-        str(free_port()),
-    ]
+    if port is not None:
+        command = [*command, "--port", str(port)]
     start = time.perf_counter()
     proc = subprocess.Popen(
         command,
@@ -185,8 +225,19 @@ def main() -> None:
     args = parser.parse_args()
 
     runs: list[Run] = []
+    floors: list[Run] = []
     failed = False
     for i in range(args.runs):
+        floor = run_floor(args.timeout_s)
+        floors.append(floor)
+        print(f"\nrun {i + 1}/{args.runs}: Ray's floor: exit {floor.returncode}, {floor.wall_s:.1f} s")
+        if floor.returncode != 0 or floor.leftovers:
+            failed = True
+            print(
+                "  FAILED or LEFT BEHIND; its last output:",
+                *(line for _, line in floor.lines[-25:]),
+                sep="\n    ",
+            )
         run = run_demo(args.file, args.timeout_s)
         runs.append(run)
         print(
@@ -208,12 +259,18 @@ def main() -> None:
         else:
             print("  left behind: nothing")
     walls = [r.wall_s for r in runs]
+    floor_walls = [r.wall_s for r in floors]
+    demo_s, floor_s = statistics.median(walls), statistics.median(floor_walls)
     print(
-        f"\nrayship demo wall: min {min(walls):.1f} / median {statistics.median(walls):.1f} / max {max(walls):.1f} s "
-        f"over {len(walls)} run(s), {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; "
-        f"goal <= 35 s: {'met' if statistics.median(walls) <= 35 else 'NOT met'}"
+        f"\n{'':20} {'min':>6} {'median':>7} {'max':>6}  (s, {len(walls)} run(s), {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.2f})"
     )
-    print(f"RESULT demo_s={statistics.median(walls):.1f}")
+    for label, values in (("rayship demo", walls), ("Ray's floor", floor_walls)):
+        print(f"{label:20} {min(values):6.1f} {statistics.median(values):7.1f} {max(values):6.1f}")
+    print(f"goal: the demo <= {GOAL_S:.0f} s: {'met' if demo_s <= GOAL_S else 'NOT met'}")
+    print(f"RESULT demo_s={demo_s:.1f}")
+    print(f"RESULT ray_floor_s={floor_s:.1f}")
+    print(f"RESULT demo_over_floor={demo_s / floor_s:.2f}")
     if failed:
         sys.exit(1)
 

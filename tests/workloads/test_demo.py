@@ -16,6 +16,9 @@ import yaml
 from tests.conftest import SAMPLES
 
 pytestmark = pytest.mark.workloads
+# A line Ray prints for one of its processes, "(RayTrainWorker pid=123) ...", or one of its loggers'
+# ("INFO 2026-12-06 03:58:55,926 serve 11660 -- Started Serve", "... INFO worker.py:12 -- ...")
+RAY_LINE = re.compile(r"^\(\w+ pid=|^\(pid=|\b(INFO|DEBUG)\b.* -- ")
 
 
 def free_port() -> int:
@@ -48,13 +51,32 @@ def test_demo_trains_serves_and_predicts(tmp_path: Path) -> None:
     out = proc.stdout
     assert "local run: 2 workers x 1 GPU requested -> 2 CPU workers" in out
     assert "epoch 5/5" in out and "shut down: Serve and local Ray stopped" in out
-    found = re.search(r"prediction (-?[\d.]+)  \(true value (-?[\d.]+)\)", out)
+    found = re.search(r"prediction (-?[\d.]+)  \(true value (-?[\d.]+), error ([-+][\d.]+)\)", out)
     assert found, out
-    prediction, target = map(float, found.groups())
+    prediction, target, error = map(float, found.groups())
+    assert abs(error - (prediction - target)) < 1e-3, found.group(0)
     assert abs(prediction - target) < 1.0, (prediction, target)  # a trained model, not noise (|y| ~ 3)
+    held_out = re.search(
+        r"held-out error over 256 rows .*: RMSE ([\d.]+) \(always answering their mean: RMSE ([\d.]+)\)", out
+    )
+    assert held_out, out
+    rmse, baseline = map(float, held_out.groups())
+    assert rmse < baseline / 3, (rmse, baseline)  # it learned the function, not the mean
+    assert out.rstrip().splitlines()[-1] == "shut down: Serve and local Ray stopped", out
     run_dir = tmp_path / "runs" / "mlp-ddp"
-    for artifact in ("metrics.json", "loss.png", "result.json"):
+    for artifact in ("metrics.json", "loss.png", "result.json", "ray-output.log"):
         assert (run_dir / artifact).stat().st_size > 0, artifact
+
+    # rayship's own lines only: each epoch once (not once per rank), no line of a Ray process (its
+    # prefix) nor of Ray's driver-side loggers; those are in the file the output names once
+    terminal = (out + proc.stderr).splitlines()
+    assert [line.split("  ")[0] for line in terminal if line.startswith("epoch ")] == [
+        f"epoch {e}/5" for e in range(1, 6)
+    ]
+    assert not [line for line in terminal if RAY_LINE.search(line)], "\n".join(terminal)
+    kept = (run_dir / "ray-output.log").read_text()
+    assert "(RayTrainWorker pid=" in kept and "(ServeController pid=" in kept, kept[-3000:]
+    assert out.count(str(run_dir / "ray-output.log")) == 1, out
 
     # The ModelService sample serves that local run: its fromTrainingJob resolves against --runs-dir to
     # the model the demo served (`rayship serve -f` serving a model is test_serve_app's).

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayship import api
 from rayship.api.validation import parse_trainingjob
+from rayship_workloads.raylog import RayOutput
 from rayship_workloads.serve_ingress import (
     haproxy_folder,
     serve_ingress_environment,
@@ -42,6 +43,8 @@ if TYPE_CHECKING:  # at run time, imported where used: `rayship serve` needs no 
     from rayship_workloads.job import JobResult
 
 RUNS_DIR = Path("rayship-runs")
+RAY_OUTPUT_FILE = "ray-output.log"  # Ray's own lines of a local run, in its run directory (raylog)
+HELD_OUT_ROWS = 256  # the demo's fresh rows, to say the served model's error on data it never saw
 DEMO_HOST = "127.0.0.1"  # the demo serves on loopback only
 # How often local mode's Ray Train controller polls its workers, which is also how often it collects
 # their reports (each `ray.train.report` waits until the previous one is collected). Ray's default,
@@ -105,11 +108,14 @@ def run_dir(tj: api.TrainingJob, runs_dir: Path = RUNS_DIR) -> Path:
     return (runs_dir / tj.metadata.name).resolve()
 
 
-def init_ray(workers: int, runtime_env: dict[str, Any] | None = None) -> dict[str, Any]:
+def init_ray(
+    workers: int, runtime_env: dict[str, Any] | None = None, output: RayOutput | None = None
+) -> dict[str, Any]:
     """Start local Ray (if this process has none yet) with `runtime_env` as the job's: every Ray
     process of the run gets it, a local working_dir included (Ray uploads it). Returns what the
     training workers still need (Ray running already: their runtime env; it cannot take a local
-    working_dir, which Ray uploads only for a job)."""
+    working_dir, which Ray uploads only for a job). `output`: where Ray's own lines go instead of
+    the terminal (None: Ray prints them, as with --verbose); a Ray that ran already is left as it is."""
     import ray
 
     local_environment()
@@ -134,24 +140,41 @@ def init_ray(workers: int, runtime_env: dict[str, Any] | None = None) -> dict[st
         log_to_driver=True,  # the train loop's print() output (progress lines follow metrics.json)
         runtime_env=runtime_env or None,
     )
+    if output is not None:
+        output.attach()
     return {}
 
 
 def follow(metrics_path: Path, epochs: int, stop: threading.Event, since: float) -> None:
     """Print one line per epoch reported after `since` (a time), as the progress callback writes
-    metrics.json (a resumed run's earlier records stay in it, and are not printed again)."""
+    metrics.json (a resumed run's earlier records stay in it, and are not printed again). On a
+    terminal, a progress bar over the epochs stays below the lines."""
+    import sys
+
+    from tqdm import tqdm
+
     from rayship_workloads.progress import epoch_line, read_history
 
+    bar = tqdm(total=epochs, unit="epoch", leave=False, dynamic_ncols=True) if sys.stdout.isatty() else None
     last = since
-    while True:
-        stopping = stop.wait(0.5)
-        for record in read_history(str(metrics_path)):  # [] until the first epoch is written
-            if float(record.get("time", 0)) > last:
-                saved = f"  checkpoint {record['checkpoint']}" if record.get("checkpoint") else ""
-                print(f"{epoch_line(record, epochs)}{saved}", flush=True)
-                last = float(record["time"])
-        if stopping:
-            return
+    try:
+        while True:
+            stopping = stop.wait(0.5)
+            for record in read_history(str(metrics_path)):  # [] until the first epoch is written
+                if float(record.get("time", 0)) > last:
+                    saved = f"  checkpoint {record['checkpoint']}" if record.get("checkpoint") else ""
+                    line = f"{epoch_line(record, epochs)}{saved}"
+                    if bar is None:
+                        print(line, flush=True)
+                    else:
+                        bar.write(line)
+                        bar.update(max(0, int(record["epoch"]) - bar.n))
+                    last = float(record["time"])
+            if stopping:
+                return
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def plot_loss(history: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -292,13 +315,17 @@ def run(
     restart: bool = False,
     base_dir: Path | None = None,
     ray_started: Callable[[], None] | None = None,
+    verbose: bool = False,
+    ray_output: RayOutput | None = None,
 ) -> dict[str, Any]:
     """Train (or tune, with `spec.tuning`) a TrainingJob on local Ray; returns result.json's content.
 
     A run that finished before (its result.json is there) is refused unless `restart`, which starts
     it from scratch; an unfinished one resumes from its latest checkpoint. `base_dir`: where a
     relative runtimeEnv.workingDir is (the YAML file's folder; default the current one).
-    `ray_started` is called once Ray runs, before training starts (it must not block)."""
+    `ray_started` is called once Ray runs, before training starts (it must not block). Ray's own
+    lines go to the run directory's ray-output.log (`ray_output`, else one of the run's own), or to the
+    terminal with `verbose`."""
 
     import torch
 
@@ -318,18 +345,25 @@ def run(
         print(f"restart: removed {out}", flush=True)
     print(notice, flush=True)
     out.mkdir(parents=True, exist_ok=True)
+    output = ray_output or (None if verbose else RayOutput(out / RAY_OUTPUT_FILE))
+    if output is not None:
+        print(f"Ray's own output: {output.path}  (--verbose shows it here)", flush=True)
     if local.spec.tuning is not None:  # a search writes no metrics.json or plot of its own
         for stale in ("metrics.json", "loss.png"):
             (out / stale).unlink(missing_ok=True)
     _importable(ray_env)
-    worker_env = init_ray(local.spec.workers.replicas, ray_env)
-    if ray_started is not None:
-        ray_started()
-    reporter = LocalReporter(out)
     try:
-        job.run(local, storage_root=str(out / "checkpoints"), reporter=reporter, runtime_env=worker_env)
+        worker_env = init_ray(local.spec.workers.replicas, ray_env, output)
+        if ray_started is not None:
+            ray_started()
+        reporter = LocalReporter(out)
+        try:
+            job.run(local, storage_root=str(out / "checkpoints"), reporter=reporter, runtime_env=worker_env)
+        finally:
+            reporter.close()
     finally:
-        reporter.close()
+        if output is not None and ray_output is None:
+            output.detach()
     return reporter.summary
 
 
@@ -344,7 +378,7 @@ def post_json(url: str, payload: dict[str, Any], timeout: float = 30.0) -> dict[
     return body
 
 
-def serve(model_uri: str, *, port: int, route_prefix: str = "/") -> str:
+def serve(model_uri: str, *, port: int, route_prefix: str = "/", output: RayOutput | None = None) -> str:
     """Serve an exported model on local Ray for the demo (it shuts Serve down itself); the base URL.
     `rayship serve -f` goes through `serve_local.serve`."""
     from rayship_workloads import models, storage
@@ -352,7 +386,9 @@ def serve(model_uri: str, *, port: int, route_prefix: str = "/") -> str:
 
     models.read_manifest(storage.fetch_dir(model_uri))  # a wrong URI fails here, not inside a replica
     init_ray(1)
-    if note := serve_ingress_note():
+    if output is not None:
+        output.attach()  # Serve's driver-side logger, set up when Serve was imported
+    elif note := serve_ingress_note():
         print(f"local serve: {note}", flush=True)
     url = serve_locally(model_uri, host=DEMO_HOST, port=port, route_prefix=route_prefix)
     print(
@@ -368,9 +404,12 @@ def demo(
     runs_dir: Path = RUNS_DIR,
     port: int = 8000,
     base_dir: Path | None = None,
+    verbose: bool = False,
 ) -> dict[str, Any]:
     """The main job end to end: train on local Ray, serve the model, send one prediction, shut down.
-    `base_dir`: as for `run` (the YAML file's folder).
+    `base_dir`, `verbose`: as for `run` (the YAML file's folder; Ray's own lines on the terminal).
+
+    The served model is then asked for rows it never saw (`ask`).
 
     Serve's controller and HTTP proxy (the part of serving that does not need the model) start in a
     background thread as soon as Ray runs, while the job trains: on 2 cores that hides about 5 s of
@@ -378,11 +417,11 @@ def demo(
     import ray
     from ray import serve as ray_serve
 
-    from rayship_workloads import data
     from rayship_workloads.serve import start_http
 
     tj = as_trainingjob(tj)
     own_ray = not ray.is_initialized()  # the local Ray `run` starts is this process's to stop
+    output = None if verbose else RayOutput(run_dir(tj, runs_dir) / RAY_OUTPUT_FILE)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rayship-serve-start")
     serve_started: list[Future[None]] = []
 
@@ -391,18 +430,18 @@ def demo(
 
     try:
         # the demo trains afresh every time
-        result = run(tj, runs_dir=runs_dir, restart=True, base_dir=base_dir, ray_started=start_serving)
+        result = run(
+            tj,
+            runs_dir=runs_dir,
+            restart=True,
+            base_dir=base_dir,
+            ray_started=start_serving,
+            ray_output=output,
+        )
         for started in serve_started:
             started.result()  # Serve's own error, if it could not start
-        url = serve(result["model"], port=port, route_prefix="/" + tj.metadata.name)
-        config = tj.spec.trainer.config
-        # A fresh draw from the function the synthetic training data came from (not a training row).
-        x, y = data.synthetic_arrays(1, data.synthetic_features(config), seed=data.seed(config))
-        features, target = [float(v) for v in x[0]], float(y[0])
-        answer = post_json(f"{url.rstrip('/')}/predict", {"instances": [features]})
-        prediction = answer["predictions"][0][0]
-        print(f"POST {url.rstrip('/')}/predict  instances=[[{', '.join(f'{v:.3f}' for v in features)}]]")
-        print(f"prediction {prediction:.4f}  (true value {target:.4f})", flush=True)
+        url = serve(result["model"], port=port, route_prefix="/" + tj.metadata.name, output=output)
+        asked = ask(url, tj.spec.trainer.config)
     finally:
         # Stopping the local Ray this demo started stops Serve with it, replicas and all: the one request
         # is answered, nothing is left to drain. On a Ray that was already running, Serve is shut down
@@ -415,8 +454,45 @@ def demo(
                 ray_serve.shutdown()
             ray.shutdown()
             stop_haproxy_left_behind(haproxy_folder(node_id))
+        if output is not None:
+            output.detach()
     print("shut down: Serve and local Ray stopped", flush=True)
-    return {**result, "url": url, "prediction": prediction, "target": target}
+    return {**result, "url": url, **asked}
+
+
+def ask(url: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The demo's questions to the served model: one fresh row, shown with its error, then the error
+    over `HELD_OUT_ROWS` of them. Fresh: draws from the function the synthetic training data came
+    from, none of them a training row (the training set's draw has its own sample count in the seed)."""
+    from rayship_workloads import data
+
+    x, y = data.synthetic_arrays(HELD_OUT_ROWS, data.synthetic_features(config), seed=data.seed(config))
+    features, target = [float(v) for v in x[0]], float(y[0])
+    prediction = post_json(f"{url.rstrip('/')}/predict", {"instances": [features]})["predictions"][0][0]
+    print(f"POST {url.rstrip('/')}/predict  instances=[[{', '.join(f'{v:.3f}' for v in features)}]]")
+    print(f"prediction {prediction:.4f}  (true value {target:.4f}, error {prediction - target:+.4f})")
+    held_out = held_out_error(url, x.tolist(), y.tolist())
+    print(
+        f"held-out error over {len(x)} rows the model never saw: RMSE {held_out['rmse']:.4f} "
+        f"(always answering their mean: RMSE {held_out['baseline_rmse']:.4f})",
+        flush=True,
+    )
+    return {"prediction": prediction, "target": target, "held_out": held_out}
+
+
+def held_out_error(url: str, rows: list[list[float]], targets: list[float]) -> dict[str, float]:
+    """The served model's root-mean-square error on `rows` (one request), and that of answering the
+    targets' mean whatever the row: a model that learned nothing does no better than the second."""
+    import math
+
+    predictions = post_json(f"{url.rstrip('/')}/predict", {"instances": rows})["predictions"]
+    mean = sum(targets) / len(targets)
+    return {
+        "rmse": math.sqrt(
+            sum((p[0] - t) ** 2 for p, t in zip(predictions, targets, strict=True)) / len(targets)
+        ),
+        "baseline_rmse": math.sqrt(sum((t - mean) ** 2 for t in targets) / len(targets)),
+    }
 
 
 def resolve_source(source: api.ModelSource, field: str, *, runs_dir: Path = RUNS_DIR) -> str:
