@@ -211,8 +211,19 @@ def create_all(client: kubernetes.client.ApiClient, namespace: str, resource: ap
 
 
 def make_namespace(client: kubernetes.client.ApiClient, prefix: str) -> str:
+    """A namespace of its own, with the checkpoint claim the sample names (the operator launches no
+    job whose claim does not exist), made before any job: it is no part of a job's work."""
     name = f"bench-{prefix}-{uuid.uuid4().hex[:5]}"
-    kubernetes.client.CoreV1Api(client).create_namespace({"metadata": {"name": name}})
+    core = kubernetes.client.CoreV1Api(client)
+    core.create_namespace({"metadata": {"name": name}})
+    claim = yaml.safe_load(SAMPLE.read_text())["spec"]["checkpoint"]["storage"]["pvc"]["claimName"]
+    core.create_namespaced_persistent_volume_claim(
+        name,
+        {
+            "metadata": {"name": claim},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        },
+    )
     return name
 
 

@@ -19,6 +19,17 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "manifests" / "samples"
 
 
+def rayship_samples() -> list[Path]:
+    """The samples of rayship's own kinds (manifests/samples also ships the checkpoint claim they name)."""
+    import yaml
+
+    return [
+        p
+        for p in sorted(SAMPLES.glob("*.yaml"))
+        if yaml.safe_load(p.read_text())["apiVersion"].startswith("rayship.dev/")
+    ]
+
+
 def handed_document(objects: list[dict[str, Any]]) -> dict[str, Any]:
     """The TrainingJob a rendered RayJob's driver reads (`--spec <file>`): the file of the spec Secret
     among `objects` that the head mounts, checked to be the one the entrypoint names."""

@@ -75,6 +75,9 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     },
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},  # why a Ray pod does not start
+    # whether a TrainingJob's checkpoint claim exists, before its Ray cluster is made: list, watch:
+    # kopf's index of the claims' names; get: a reconcile before the index has them
+    {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "list", "watch"]},
     {  # list, watch: kopf, cluster-wide; get: whether a namespace whose objects go is being deleted
         "apiGroups": [""],
         "resources": ["namespaces"],

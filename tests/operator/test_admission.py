@@ -10,7 +10,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from rayship import api
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, rayship_samples
 from tests.unit.bad_corpus import RAYSHIP_ONLY_CASES, SPEC_CASES
 
 pytestmark = pytest.mark.operator
@@ -29,7 +29,7 @@ def dry_run_create(kube, doc: dict) -> ApiException | None:
     return None
 
 
-@pytest.mark.parametrize("sample", sorted(SAMPLES.glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("sample", rayship_samples(), ids=lambda p: p.stem)
 def test_the_server_accepts_every_sample(kube, sample) -> None:
     assert dry_run_create(kube, yaml.safe_load(sample.read_text())) is None
 

@@ -258,6 +258,40 @@ def test_a_pod_that_cannot_start_is_named_without_waiting_for_the_resync(kube: K
         controlplane.stop_operator()  # the next test starts one with the chart's settings
 
 
+def test_a_job_whose_checkpoint_claim_does_not_exist_says_so_at_once_and_starts_once_it_does(
+    kube: Kube, operator
+) -> None:
+    """No claim: no RayJob and no Ray pod, the status names the claim from the first reconcile (not
+    once a head pod is Pending for it), a Warning says it once; the claim made, the job starts by
+    itself (the operator looks again while it waits: no resync, no edit needed)."""
+    kube.create(TJ, sample("claimless", suspend=True))
+    t0 = time.monotonic()
+    cond = wait_for(
+        lambda: (c := kube.condition(TJ, "claimless", "Running")).get("reason") == "ClaimNotFound" and c,
+        30,
+        what="the Running condition to say ClaimNotFound",
+    )
+    print(f"ClaimNotFound said {time.monotonic() - t0:.1f}s after the create")
+    assert kube.status(TJ, "claimless")["phase"] == "Pending"
+    assert (
+        "spec.checkpoint.storage.pvc.claimName: PersistentVolumeClaim rayship-checkpoints does not exist in "
+        f"namespace {kube.namespace}"
+    ) in cond["message"], cond
+    assert kube.get(RJ, names.rayjob_name("claimless")) is None
+    warnings = wait_for(
+        lambda: [e for e in kube.events("claimless") if e[1] == "ClaimNotFound"], 30, what="its Warning"
+    )
+    assert [w[0] for w in warnings] == ["Warning"], kube.events("claimless")
+    kube.pvc()
+    rayjob_of(kube, "claimless")
+    wait_for(
+        lambda: kube.condition(TJ, "claimless", "Running").get("reason") != "ClaimNotFound",
+        30,
+        what="the status to move on from ClaimNotFound",
+    )
+    assert len([e for e in kube.events("claimless") if e[1] == "ClaimNotFound"]) == 1
+
+
 def test_recreated_namesake_waits_for_the_old_rayjob_never_adopts_it(kube: Kube, operator) -> None:
     kube.pvc()
     first = kube.create(TJ, sample("again"))

@@ -11,11 +11,11 @@ import yaml
 
 from rayship import api, generate
 from rayship.api.validation import SpecError, parse
-from tests.conftest import ROOT, SAMPLES
+from tests.conftest import ROOT, SAMPLES, rayship_samples
 from tests.unit.bad_corpus import SPEC_CASES
 
 CRD_PATH = ROOT / "manifests" / "crds" / "trainingjobs.rayship.dev.yaml"
-GOOD = sorted(SAMPLES.glob("*.yaml")) + sorted((Path(__file__).parent / "specs").glob("*.yaml"))
+GOOD = rayship_samples() + sorted((Path(__file__).parent / "specs").glob("*.yaml"))
 
 
 def walk(schema: dict[str, Any], path: str = ""):

@@ -6,6 +6,7 @@ KubeRay's rules and kept as a golden file; the changed document passes the gener
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from rayship import cli
 from rayship.api.validation import parse, parse_trainingjob
 from rayship.config import OperatorConfig
 from rayship.controller import trainingjob
-from tests.conftest import ROOT
+from tests.conftest import ROOT, SAMPLES, rayship_samples
 from tools.kuberay_rules import rayjob_violations
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -74,3 +75,23 @@ def test_example_renders_for_a_cluster_strictly(path: Path, trainingjob_validato
     assert text == golden.read_text(), (
         f"render changed; review and run RAYSHIP_UPDATE_GOLDEN=1 ({golden.name})"
     )
+
+
+def test_the_samples_ship_the_claim_they_name_read_write_many_and_applied_first() -> None:
+    """Every sample's checkpoint claim is in manifests/samples, as ReadWriteMany (a job's Ray pods and a
+    ModelService's replicas mount it from any node), in a file `kubectl apply -f manifests/samples/`
+    applies before the jobs (kubectl takes a folder's files in name order)."""
+    claims = {}
+    for path in sorted(SAMPLES.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        if doc["kind"] == "PersistentVolumeClaim":
+            claims[doc["metadata"]["name"]] = (path.name, doc)
+    named = set()
+    for path in rayship_samples():
+        text = path.read_text()
+        named |= set(re.findall(r"claimName: ([a-z0-9-]+)", text))
+    assert named and named <= set(claims), (named, set(claims))
+    for name in named:
+        file, claim = claims[name]
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"], file
+        assert all(file < p.name for p in rayship_samples()), file

@@ -351,7 +351,7 @@ def test_a_trainingjob_is_queued_while_its_status_does_not_reflect_its_spec(monk
     monkeypatch.setattr(process.queue, "add", lambda key, fresh=False: queued.append((key, fresh)))
 
     def event(kind: str | None, generation: int, status: dict[str, object]) -> None:
-        views = {"trainingjobs_seen": {}, "rayjobs_seen": {}, "namespaces_terminating": {}}
+        views = {"trainingjobs_seen": {}, "rayjobs_seen": {}, "claims_seen": {}, "namespaces_terminating": {}}
         asyncio.run(
             handlers.trainingjob_event(
                 type=kind, namespace="ns", name="job", uid=None, meta={"generation": generation},

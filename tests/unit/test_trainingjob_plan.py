@@ -247,3 +247,75 @@ def test_a_job_past_its_startup_deadline_frees_its_cluster_at_once_and_says_what
 
     rayjob["spec"]["ttlSecondsAfterFinished"] = 0  # patched: nothing more to do
     assert plan(doc, rayjob, None, CONFIG).patch is None
+
+
+CLAIM = {"kind": "PersistentVolumeClaim", "metadata": {"name": "rayship-checkpoints", "namespace": "default"}}
+
+
+def test_a_job_whose_checkpoint_claim_does_not_exist_is_not_launched_and_says_which_claim() -> None:
+    todo = plan(trainingjob(), None, [], CONFIG)
+    assert todo.create is None and todo.prerequisites == ()
+    reason, message = todo.context.blocked
+    assert reason == "ClaimNotFound", todo.context
+    assert message.startswith(
+        "spec.checkpoint.storage.pvc.claimName: PersistentVolumeClaim rayship-checkpoints does not exist "
+        "in namespace default; create it"
+    ), message
+    # once it exists, the same job is launched
+    assert plan(trainingjob(), None, [CLAIM], CONFIG).create is not None
+
+
+def test_the_claim_is_looked_up_only_until_the_job_is_launched() -> None:
+    from rayship.controller.trainingjob import claim_to_check
+
+    assert claim_to_check(trainingjob()) == [(api.PVCS, "rayship-checkpoints")]
+    assert claim_to_check(trainingjob(phase="Pending")) == [(api.PVCS, "rayship-checkpoints")]
+    assert claim_to_check(trainingjob(phase="Running", rayJobUID="rj-1")) == []
+    assert claim_to_check(trainingjob(phase="Succeeded")) == []
+    on_s3 = trainingjob()
+    on_s3["spec"]["checkpoint"]["storage"] = {"uri": "s3://bucket/runs"}
+    assert claim_to_check(on_s3) == []
+    # a launched job whose claim went away is not stopped for it (its pods say so, if they need it)
+    doc = trainingjob(phase="Running", rayJobUID="rj-1")
+    assert plan(doc, launched(doc), [], CONFIG).context.blocked is None
+
+
+def test_a_job_waiting_for_its_claim_is_pending_with_a_warning_and_looked_at_again() -> None:
+    from datetime import UTC, datetime
+
+    from rayship.controller import trainingjob as tjc
+
+    now = datetime(2026, 12, 6, tzinfo=UTC)
+    todo = plan(trainingjob(), None, [], CONFIG)
+    status = tjc.status(trainingjob(), None, todo, None, now)
+    running = next(c for c in status["conditions"] if c["type"] == "Running")
+    assert status["phase"] == "Pending" and (running["status"], running["reason"]) == (
+        "False",
+        "ClaimNotFound",
+    )
+    (event,) = [e for e in tjc.announce({}, status) if e.reason == "ClaimNotFound"]
+    assert event.type == "Warning" and "rayship-checkpoints" in event.message
+    assert tjc.look_again_in(trainingjob(**status), None, now) == 0.0  # not only at the resync
+    launched_status = tjc.status(trainingjob(), None, plan(trainingjob(), None, [CLAIM], CONFIG), None, now)
+    assert tjc.look_again_in(trainingjob(**launched_status), None, now) is None
+
+
+def test_a_claim_the_watch_holds_costs_no_call_and_one_it_lacks_is_asked_for(monkeypatch) -> None:
+    from rayship.controller import k8s, reconcile
+    from rayship.controller.trainingjob_handlers import TRAINING
+
+    asked: list[tuple] = []
+
+    def get(resource, namespace, name):
+        asked.append((resource, namespace, name))
+        return CLAIM
+
+    monkeypatch.setattr(k8s, "get", get)
+    doc = trainingjob()
+    assert reconcile._related(TRAINING, doc, reconcile.Seen(doc, None, [CLAIM])) == [CLAIM] and asked == []
+    # absent from the watch: perhaps just made, so the API server is asked before the job waits for it
+    assert reconcile._related(TRAINING, doc, reconcile.Seen(doc, None, [])) == [CLAIM]
+    assert asked == [(api.PVCS, "default", "rayship-checkpoints")]
+    launched_doc = trainingjob(phase="Running", rayJobUID="rj-1")
+    assert reconcile._related(TRAINING, launched_doc, reconcile.Seen(launched_doc, None, [])) == []
+    assert len(asked) == 1

@@ -16,13 +16,13 @@ from rayship.api import names
 from rayship.api.validation import parse_trainingjob
 from rayship.config import OperatorConfig
 from rayship.controller import trainingjob
-from tests.conftest import SAMPLES, handed_document
+from tests.conftest import SAMPLES, handed_document, rayship_samples
 from tools.kuberay_rules import rayjob_violations
 
 GOLDEN = Path(__file__).parent / "golden"
 SPECS = [
     p
-    for p in sorted(SAMPLES.glob("*.yaml")) + sorted((Path(__file__).parent / "specs").glob("*.yaml"))
+    for p in rayship_samples() + sorted((Path(__file__).parent / "specs").glob("*.yaml"))
     if yaml.safe_load(p.read_text())["kind"] == "TrainingJob"
 ]
 CONFIG = OperatorConfig()

@@ -20,6 +20,8 @@ KUBERAY_GROUP = "ray.io"
 KUBERAY_VERSION = "v1"
 RAYJOBS: Resource = (KUBERAY_GROUP, KUBERAY_VERSION, "rayjobs")
 RAYSERVICES: Resource = (KUBERAY_GROUP, KUBERAY_VERSION, "rayservices")
+# The checkpoint claim a TrainingJob names, looked up before its Ray cluster is made (core group: "").
+PVCS: Resource = ("", "v1", "persistentvolumeclaims")
 
 # --- shared patterns ---------------------------------------------------------------------------
 

@@ -112,6 +112,10 @@ def namespace_terminating(namespace: str) -> bool:
 def get(resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
     group, version, plural = resource
     try:
+        if not group:  # a core object: the client's typed reader, its answer as the API's JSON
+            read = _CORE_READERS[plural]
+            typed = read(kubernetes.client.CoreV1Api(_client()), name, namespace, _request_timeout=TIMEOUT)
+            return cast(dict[str, Any], _client().sanitize_for_serialization(typed))
         found = _custom().get_namespaced_custom_object(
             group, version, namespace, plural, name, _request_timeout=TIMEOUT
         )
@@ -120,6 +124,12 @@ def get(resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
             return None
         raise
     return cast(dict[str, Any], found)
+
+
+# The core resources `get` reads (RBAC grants the operator `get` on exactly these).
+_CORE_READERS: dict[str, Callable[..., Any]] = {
+    "persistentvolumeclaims": kubernetes.client.CoreV1Api.read_namespaced_persistent_volume_claim,
+}
 
 
 def list_objects(resource: Resource, namespace: str, selector: str) -> list[dict[str, Any]]:

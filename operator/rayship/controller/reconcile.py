@@ -55,10 +55,12 @@ class Controller:
 
 @dataclass(frozen=True)
 class Seen:
-    """The resource and its child as kopf's watches last showed them (None: no child seen)."""
+    """The resource and its child as kopf's watches last showed them (None: no child seen), and its
+    related objects where a watch holds them too (None: GET each one `Controller.related` names)."""
 
     obj: dict[str, Any]
     child: dict[str, Any] | None
+    related: list[dict[str, Any]] | None = None
 
 
 class Reconciler:
@@ -141,9 +143,7 @@ class Reconciler:
         if obj is None or obj["metadata"].get("deletionTimestamp"):
             return True  # gone or going: its children follow by garbage collection
         child = seen.child if seen else k8s.get(ctl.child, namespace, ctl.child_name(name))
-        related = [
-            found for ref in ctl.related(obj) if (found := k8s.get(ref[0], namespace, ref[1])) is not None
-        ]
+        related = _related(ctl, obj, seen)
         todo = ctl.plan(obj, child, related, config)
         if seen and child is None and todo.create is None:
             # No child in memory, and the plan acts on its absence (e.g. a launched child gone): the
@@ -185,6 +185,15 @@ class Reconciler:
         for event in ctl.announce(current, desired):
             post(owner, event)
         return True
+
+
+def _related(ctl: Controller, obj: Mapping[str, Any], seen: Seen | None) -> list[dict[str, Any]]:
+    """The related objects that exist: as a watch holds them when it holds each one named, else each
+    one GET (one absent from a watch may be one just made that the watch has not shown yet)."""
+    if seen is not None and seen.related is not None and len(seen.related) == len(ctl.related(obj)):
+        return seen.related
+    namespace = obj["metadata"]["namespace"]
+    return [found for ref in ctl.related(obj) if (found := k8s.get(ref[0], namespace, ref[1])) is not None]
 
 
 def _child_going(child: Mapping[str, Any] | None, todo: Plan) -> bool:

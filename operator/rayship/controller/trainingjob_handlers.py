@@ -35,7 +35,7 @@ TRAINING = Controller(
     resource=api.TRAININGJOBS,
     child=api.RAYJOBS,
     child_name=names.rayjob_name,
-    related=lambda _: [],
+    related=trainingjob.claim_to_check,
     plan=trainingjob.plan,
     pods=trainingjob.ray_pods,
     status=trainingjob.status,
@@ -50,6 +50,13 @@ async def trainingjobs_seen(
     *, namespace: str | None, name: str, body: kopf.Body, **_: Any
 ) -> dict[tuple[str | None, str], bytes]:
     return {(namespace, name): kept(body)}
+
+
+# The claims that exist, by name only: a job names its checkpoint claim, and is not launched while it
+# does not exist (`trainingjob.claim_to_check`); read here, that look costs no API call.
+@kopf.index(*api.PVCS)
+async def claims_seen(*, namespace: str | None, name: str, **_: Any) -> dict[tuple[str | None, str], bool]:
+    return {(namespace, name): True}
 
 
 @kopf.index(*api.RAYJOBS, labels={names.LABEL_TRAININGJOB: kopf.PRESENT})
@@ -103,12 +110,14 @@ def recheck_in(process: OperatorProcess, seen: Seen | None) -> float | None:
     return max(wait, process.config.starting_seconds, len(process.trainingjobs) / STARTING_LOOKS_PER_SECOND)
 
 
-def _keep_kopf_views(process: OperatorProcess, trainingjobs_seen: Index, rayjobs_seen: Index) -> None:
+def _keep_kopf_views(
+    process: OperatorProcess, trainingjobs_seen: Index, rayjobs_seen: Index, claims_seen: Index
+) -> None:
     """What a TrainingJob or RayJob handler hands the queue's tasks and the resync: kopf's live
     indexes (`watched`) and, from the first handler, kopf's context (`kopf_context`)."""
     if process.kopf_context is None:
         process.kopf_context = contextvars.copy_context()
-    process.watched.update(trainingjobs=trainingjobs_seen, rayjobs=rayjobs_seen)
+    process.watched.update(trainingjobs=trainingjobs_seen, rayjobs=rayjobs_seen, claims=claims_seen)
 
 
 def _submit(process: OperatorProcess, task: Callable[[], None]) -> None:
@@ -156,7 +165,12 @@ def _watched_now(process: OperatorProcess, namespace: str, name: str) -> Seen | 
     watched = process.watched
     if not watched or (obj := one_of(watched["trainingjobs"], (namespace, name))) is None:
         return None
-    return Seen(obj, one_of(watched["rayjobs"], (namespace, names.rayjob_name(name))))
+    claims = [
+        {"kind": "PersistentVolumeClaim", "metadata": {"name": claim, "namespace": namespace}}
+        for _, claim in trainingjob.claim_to_check(obj)
+        if (namespace, claim) in watched["claims"]
+    ]
+    return Seen(obj, one_of(watched["rayjobs"], (namespace, names.rayjob_name(name))), claims)
 
 
 @kopf.on.event(*api.RAYJOBS, labels={names.LABEL_TRAININGJOB: kopf.PRESENT})  # type: ignore[arg-type]  # kopf's WatchingFn does not model index kwargs
@@ -166,13 +180,14 @@ async def rayjob_changed(
     labels: Mapping[str, str],
     trainingjobs_seen: Index,
     rayjobs_seen: Index,
+    claims_seen: Index,
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
     """Its TrainingJob is queued: kopf updated the RayJob index before this handler (gone from it
     when DELETED), so the reconcile sees this RayJob or a later one."""
     process = of(memo)
-    _keep_kopf_views(process, trainingjobs_seen, rayjobs_seen)
+    _keep_kopf_views(process, trainingjobs_seen, rayjobs_seen, claims_seen)
     assert process.queue is not None
     process.queue.add((namespaced(namespace), labels[names.LABEL_TRAININGJOB]))
 
@@ -189,6 +204,7 @@ async def trainingjob_event(
     services_by_trainingjob: kopf.Index[tuple[str | None, str], str],
     trainingjobs_seen: Index,
     rayjobs_seen: Index,
+    claims_seen: Index,
     namespaces_terminating: kopf.Index[str, bool],
     memo: kopf.Memo,
     **_: Any,
@@ -207,7 +223,7 @@ async def trainingjob_event(
     queued by its RayJob's events (at start-up too) and by the resync. This replaces kopf's create,
     update and resume handlers, and their change detection at every event."""
     process = of(memo)
-    _keep_kopf_views(process, trainingjobs_seen, rayjobs_seen)
+    _keep_kopf_views(process, trainingjobs_seen, rayjobs_seen, claims_seen)
     process.reconciler.terminating.update(namespaces=namespaces_terminating)
     ns = namespaced(namespace)
     assert process.queue is not None

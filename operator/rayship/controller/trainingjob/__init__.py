@@ -31,6 +31,7 @@ from rayship.controller.trainingjob.phase import (
 from rayship.controller.trainingjob.planner import (
     MUTABLE_FIELDS,
     applied_spec,
+    claim_to_check,
     plan,
     spec_edits,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "MUTABLE_FIELDS",
     "spec_edits",
     "applied_spec",
+    "claim_to_check",
     "plan",
     "ANY",
     "CREATED",

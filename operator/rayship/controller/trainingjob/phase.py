@@ -33,6 +33,7 @@ from rayship.controller.trainingjob.rayjob import REPLICA_FAILURE_REASONS, STUCK
 
 ANY = "*"
 CREATED = "RayJobCreated"  # the reason of the phase a new RayJob starts in, and of its creation's Event
+CLAIM_NOT_FOUND = "ClaimNotFound"  # the checkpoint claim does not exist: no RayJob is made yet
 STARTUP_DEADLINE = "StartupDeadlineExceeded"  # spec.startupDeadlineSeconds passed (KubeRay: PreRunning...)
 KUBERAY_STARTUP_DEADLINE = "PreRunningDeadlineExceeded"
 
@@ -99,7 +100,8 @@ class Observation:
     unapplied: tuple[str, ...] = ()  # spec fields edited after launch that KubeRay cannot apply
     gpus: int | None = None
     cpus: float = 0.0  # CPUs the Ray pods request (the head's and every worker's)
-    blocked: tuple[str, str] | None = None  # (reason, message): a RayJob of that name is not ours
+    # (reason, message): why no RayJob is made (one of that name is not ours; its claim is missing)
+    blocked: tuple[str, str] | None = None
     lost: str | None = None  # the UID of our launched RayJob, which is gone
     rejected: tuple[str, str, str] | None = None  # (phase, reason, message) from the API server
     queue: str | None = None  # Kueue LocalQueue: Kueue, not the spec, suspends and resumes the RayJob
@@ -389,13 +391,20 @@ def ray_pods(trainingjob: Mapping[str, Any], rayjob: Mapping[str, Any] | None, n
     return f"{names.owner_label('TrainingJob')}={trainingjob['metadata']['name']},ray.io/node-type"
 
 
+def waits_for_claim(trainingjob: Mapping[str, Any]) -> bool:
+    """Its status says it waits for its checkpoint claim to exist (planner's `ClaimNotFound`): looked
+    at again as a starting cluster is, so that a claim made later starts it without a resync."""
+    conditions = (trainingjob.get("status") or {}).get("conditions") or []
+    return any(c.get("reason") == CLAIM_NOT_FOUND and c.get("status") == "False" for c in conditions)
+
+
 def look_again_in(
     trainingjob: Mapping[str, Any], rayjob: Mapping[str, Any] | None, now: datetime
 ) -> float | None:
     """How soon its pods are worth another look before the resync passes (None: not before): at once
-    (0) while its cluster starts, else as `attempts.settling` (with the RayJob's
+    (0) while its cluster starts or it waits for its checkpoint claim, else as `attempts.settling` (with the RayJob's
     ttlSecondsAfterFinished: when KubeRay deletes a finished job's cluster)."""
-    if starting_pods(rayjob) is not None:
+    if starting_pods(rayjob) is not None or (rayjob is None and waits_for_claim(trainingjob)):
         return 0.0
     ttl = ((rayjob or {}).get("spec") or {}).get("ttlSecondsAfterFinished") or 0
     return settling(trainingjob.get("status") or {}, now, float(ttl))
@@ -426,7 +435,7 @@ def status(
 
 
 # Pending for a reason the user must act on (or should know of): announced as a Warning.
-BLOCKED_REASONS = frozenset({"PreviousRayJobTerminating", "RayJobNameTaken"}) | STUCK_REASONS
+BLOCKED_REASONS = frozenset({"PreviousRayJobTerminating", "RayJobNameTaken", CLAIM_NOT_FOUND}) | STUCK_REASONS
 FIRST_SUSPENDED = frozenset({"Suspended", "Queued"})  # a job created suspended: its first phase's reasons
 
 
@@ -445,7 +454,9 @@ def announce(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Eve
     if phase != current.get("phase") and not said_at_creation:
         events.append(
             Event(
-                "Warning" if phase in ("Failed", "Invalid") else "Normal",
+                "Warning"
+                if phase in ("Failed", "Invalid") or cond.get("reason") in BLOCKED_REASONS
+                else "Normal",
                 str(cond.get("reason", phase)),
                 f"{phase}: {cond.get('message', '')}",
             )

@@ -19,6 +19,7 @@ from rayship.controller.conditions import (
     ownership,
 )
 from rayship.controller.trainingjob.phase import (
+    CLAIM_NOT_FOUND,
     CREATED,
     STARTUP_DEADLINE,
     Observation,
@@ -35,6 +36,35 @@ from rayship.controller.trainingjob.rayjob import (
 
 # Spec fields KubeRay applies to a live RayJob; every other edit after launch is reported.
 MUTABLE_FIELDS = frozenset({"suspend"})
+
+
+def claim_to_check(trainingjob: Mapping[str, Any]) -> list[tuple[api.Resource, str]]:
+    """`Controller.related` of this kind: the checkpoint claim, while the job has not launched (a Ray
+    cluster made without it would wait for it in Pending pods, and say so only once they exist); a
+    launched or finished job needs no look (so a reconcile after launch makes no call for it)."""
+    status = trainingjob.get("status") or {}
+    if status.get("rayJobUID") or status.get("phase") in api.TERMINAL_PHASES:
+        return []
+    claim = _at(trainingjob.get("spec"), ["checkpoint", "storage", "pvc", "claimName"])
+    return [(api.PVCS, claim)] if isinstance(claim, str) else []
+
+
+def _missing_claim(
+    tj: api.TrainingJob, related: Sequence[Mapping[str, Any]] | None
+) -> tuple[str, str] | None:
+    """(reason, message) when the checkpoint claim the job names does not exist in its namespace
+    (`related` None: not looked up, as in a plan made offline)."""
+    storage = tj.spec.checkpoint.storage
+    if related is None or storage is None or storage.pvc is None:
+        return None
+    claim = storage.pvc.claim_name
+    if any(r.get("kind") == "PersistentVolumeClaim" and r["metadata"]["name"] == claim for r in related):
+        return None
+    return CLAIM_NOT_FOUND, (
+        f"spec.checkpoint.storage.pvc.claimName: PersistentVolumeClaim {claim} does not exist in namespace "
+        f"{tj.metadata.namespace}; create it (ReadWriteMany where the job's pods may span nodes: "
+        "manifests/samples/checkpoints-pvc.yaml) or name one that exists: no Ray cluster is made until then"
+    )
 
 
 def spec_edits(applied: Any, desired: Any, prefix: str = "") -> list[str]:
@@ -89,11 +119,11 @@ def applied_spec(rayjob: Mapping[str, Any]) -> dict[str, Any] | None:
 def plan(
     trainingjob: Mapping[str, Any],
     rayjob: Mapping[str, Any] | None,
-    related: Sequence[Mapping[str, Any]],
+    related: Sequence[Mapping[str, Any]] | None,
     config: OperatorConfig,
 ) -> Plan:
-    """The reconcile's plan; its `context` is the `Observation` that `status()` completes."""
-    del related  # a TrainingJob depends on nothing but itself
+    """The reconcile's plan; its `context` is the `Observation` that `status()` completes. `related`:
+    the checkpoint claim, where `claim_to_check` asked for it and it exists (None: not looked up)."""
     meta = trainingjob["metadata"]
     rayjob_name = names.rayjob_name(meta["name"])
     current = trainingjob.get("status") or {}
@@ -123,6 +153,8 @@ def plan(
             # Launched once and gone (deleted by hand, by KubeRay's DELETE_RAYJOB_CR_AFTER_JOB_FINISHES,
             # or past its TTL while the operator was down): never silently started again.
             return Plan(rayjob_name, context=replace(observed, lost=str(current["rayJobUID"])))
+        if (missing := _missing_claim(tj, related)) is not None:
+            return Plan(rayjob_name, context=replace(observed, blocked=missing))
         *rbac, created = render_trainingjob(tj, config)
         return Plan(
             rayjob_name,
