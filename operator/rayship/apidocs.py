@@ -109,7 +109,7 @@ def _inner_object(path: str, field: dict[str, Any]) -> tuple[str, dict[str, Any]
 def _type(field: dict[str, Any]) -> str:
     if field.get("x-kubernetes-preserve-unknown-fields") and "type" not in field:
         return "any"
-    kind = field.get("type", "any")
+    kind = str(field.get("type", "any"))
     if field.get("format"):
         kind += f" ({field['format']})"
     if kind == "array":

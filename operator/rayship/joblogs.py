@@ -5,8 +5,9 @@ outlives the Ray cluster.
 The files are read by one shell script (`reader_script`), run where the checkpoint PVC is mounted:
 in the job's Ray head while its cluster runs (`kubectl exec`'s API: follows the file with -f), else
 in a short-lived reader pod that mounts the PVC read-only, is read with `kubectl logs`' API and
-deleted. The caller's kubeconfig and context are used, as kubectl's; they need pods get/list/create/
-delete, pods/exec and pods/log in the namespace, and get on trainingjobs.
+deleted. The caller's kubeconfig and context are used, as kubectl's (`rayship.cli.kube`, which says in
+one line what goes wrong reaching the cluster); they need pods get/list/create/delete, pods/exec and
+pods/log in the namespace, and get on trainingjobs.
 
 `rayship logs ms/NAME`: a ModelService's replica logs (each request, each error), which Serve writes
 to files in the Ray pod that runs the replica, read from each of its running worker pods while they
@@ -24,11 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-import urllib3
-
 from rayship import api
 from rayship.api import names
 from rayship.api.validation import SpecError, parse_trainingjob
+from rayship.cli.kube import connect, status_body, talking
 from rayship.controller.conditions import pod_problem
 
 TRAININGJOB_REFS = ("tj", "trainingjob", "trainingjobs")
@@ -145,22 +145,6 @@ def reader_pod(where: Target, script: str, image: str) -> dict[str, Any]:
 # --- Kubernetes I/O ---------------------------------------------------------------------------------
 
 
-def _clients(kubeconfig: str | None, context: str | None) -> tuple[Any, str]:
-    """An ApiClient from the kubeconfig (kubectl's: $KUBECONFIG or ~/.kube/config) and its context's
-    namespace (default: "default")."""
-    import kubernetes
-
-    try:
-        contexts, active = kubernetes.config.list_kube_config_contexts(config_file=kubeconfig)
-        chosen = next((c for c in contexts if c["name"] == context), None) if context else active
-        if chosen is None:
-            raise LogsError(f"--context {context}: no such context in the kubeconfig")
-        client = kubernetes.config.new_client_from_config(config_file=kubeconfig, context=context)
-    except kubernetes.config.ConfigException as err:
-        raise LogsError(f"kubeconfig: {err} (set --kubeconfig or KUBECONFIG)") from None
-    return client, chosen["context"].get("namespace") or "default"
-
-
 def _running_pods(core: Any, namespace: str, kind: str, name: str, node_type: str) -> list[str]:
     """The running Ray pods (`head` or `worker`) made for `kind/name`, by name."""
     selector = f"{names.owner_label(kind)}={name},ray.io/node-type={node_type}"
@@ -241,22 +225,17 @@ def show(
     context: str | None,
 ) -> int:
     """Print the logs `ref` (tj/NAME or ms/NAME) names; the exit code (0: printed)."""
-    from kubernetes.client import ApiException
-
     kind, _, name = ref.partition("/")
     kind = kind.lower()
     if kind not in (*TRAININGJOB_REFS, *MODELSERVICE_REFS) or not name:
         raise LogsError(f"{ref}: name a TrainingJob as tj/NAME or a ModelService as ms/NAME")
-    client, default_namespace = _clients(kubeconfig, context)
-    namespace = namespace or default_namespace
-    try:
+    conn = connect(kubeconfig, context)  # the CLI's client: one line for what goes wrong (ClusterError)
+    namespace = conn.namespace_or_default(namespace)
+    what = "trainingjob" if kind in TRAININGJOB_REFS else "modelservice"
+    with talking(conn, f"the logs of {what} {name} in namespace {namespace}"):
         if kind in MODELSERVICE_REFS:
-            return _show_service(client, namespace, name, follow)
-        return _show_trainingjob(client, namespace, name, attempt, rank, follow, image)
-    except ApiException as err:
-        raise LogsError(f"{err.status} {err.reason}: {(err.body or '')[:300]}") from None
-    except urllib3.exceptions.HTTPError as err:  # refused, timed out, TLS: the server named in the kubeconfig
-        raise LogsError(f"cannot reach the API server ({client.configuration.host}): {err}") from None
+            return _show_service(conn.client, namespace, name, follow)
+        return _show_trainingjob(conn.client, namespace, name, attempt, rank, follow, image)
 
 
 def _show_trainingjob(
@@ -277,8 +256,8 @@ def _show_trainingjob(
             group, version, namespace, plural, name
         )
     except ApiException as err:
-        if err.status == 404:
-            raise LogsError(f"trainingjob {namespace}/{name} not found") from None
+        if err.status == 404 and status_body(err.body)[1].get("name"):
+            raise LogsError(f"trainingjob {name} not found in namespace {namespace}") from None
         raise
     where = target(cast(dict[str, Any], obj))
     if where.claim is None:

@@ -621,7 +621,7 @@ def test_record_name_follows_the_sources(tmp_path: Path, monkeypatch: pytest.Mon
     (tmp_path / "operator" / "rayship" / "__pycache__").mkdir(exist_ok=True)
     (tmp_path / "operator" / "rayship" / "__pycache__" / "x.pyc").write_bytes(b"\0")
     assert operator_record() == before
-    source = tmp_path / "operator" / "rayship" / "cli.py"
+    source = tmp_path / "operator" / "rayship" / "cli" / "__init__.py"
     source.write_text(source.read_text() + "# edited\n")
     assert operator_record() != before
 

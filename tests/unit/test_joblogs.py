@@ -159,7 +159,7 @@ def test_a_kubeconfig_that_is_missing_or_names_no_server_that_answers_is_one_lin
     # may leave one on a stream since closed, which turned urllib3's retry warnings into "Logging error".
     monkeypatch.setattr(logging.getLogger(), "handlers", [])
     assert cli.main(["logs", "tj/mlp", "--kubeconfig", str(tmp_path / "none")]) == 1
-    assert capsys.readouterr().err.startswith("error: kubeconfig: ")
+    assert capsys.readouterr().err.startswith(f"error: no kubeconfig at {tmp_path / 'none'}: ")
     config = tmp_path / "kubeconfig"
     config.write_text(
         yaml.safe_dump(
@@ -174,9 +174,12 @@ def test_a_kubeconfig_that_is_missing_or_names_no_server_that_answers_is_one_lin
         )
     )
     assert cli.main(["logs", "tj/mlp", "--kubeconfig", str(config), "--context", "other"]) == 1
-    assert capsys.readouterr().err == "error: --context other: no such context in the kubeconfig\n"
-    assert cli.main(["logs", "tj/mlp", "--kubeconfig", str(config)]) == 1
+    assert capsys.readouterr().err == f"error: --context other: no such context in {config} (it has: ctx)\n"
+    assert cli.main(["logs", "tj/mlp", "--kubeconfig", str(config)]) == 5  # kube.EXIT_UNREACHABLE
     err = capsys.readouterr().err
     assert (
-        err.startswith("error: cannot reach the API server (https://127.0.0.1:1): ") and err.count("\n") == 1
+        err.startswith(
+            "error: cannot reach the API server at https://127.0.0.1:1 (context ctx): connection refused;"
+        )
+        and err.count("\n") == 1
     )

@@ -1,11 +1,16 @@
-"""`rayship` command line: render | run | serve | demo | generate | operator.
+"""`rayship` command line: render | run | serve | demo | get | status | logs | completion | generate |
+operator.
 
 - `render -f`: the KubeRay objects the operator would create, offline (cluster validation rules).
 - `run -f` / `serve` / `demo -f`: the same YAML on local Ray (`rayship_workloads.local`).
+- `get`, `status` (`describe`), `logs`: the objects on a cluster, as kubectl reaches it (`-n`,
+  `--context`, `--kubeconfig`: `cli.kube`); `get.py`, `status.py`, `rayship.joblogs`.
+- `completion bash|zsh|fish`: a shell completion script generated from this parser (`completion.py`).
 - `generate [--check]`: the CRDs, chart files and manifests from the API models.
 - `operator`: the kopf controller.
 
-Bad input never shows a traceback: it exits 1 with one line per problem, each naming the field.
+Bad input never shows a traceback: it exits 1 with one line per problem, each naming the field; a
+cluster that cannot be reached exits 5 (`EXIT_CODES`).
 """
 
 from __future__ import annotations
@@ -24,25 +29,22 @@ import yaml
 from rayship import __version__, api
 from rayship.api import yamlio
 from rayship.api.validation import SpecError, parse, parse_trainingjob
+from rayship.cli import completion, get, kube, status
+from rayship.cli.output import Dumper
 from rayship.config import ConfigError, OperatorConfig, from_environment
 from rayship.controller import trainingjob
 
 if TYPE_CHECKING:
     from rayship.controller import modelservice
 
-EXIT_INVALID = 1
-
-
-class _Dumper(yaml.SafeDumper):
-    """YAML output with multi-line strings (serveConfigV2, entrypoints) as readable `|` blocks."""
-
-
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_Dumper.add_representer(str, _str)
+EXIT_INVALID = kube.EXIT_ERROR
+EXIT_CODES = f"""exit codes:
+  {kube.EXIT_OK}  done
+  {kube.EXIT_ERROR}  an error, said in one line: bad input, a missing object, a refused request, no kubeconfig
+  {kube.EXIT_USAGE}  usage: an unknown command or flag, a missing argument
+  3  rayship logs: the job has written no logs yet;  4: no such process or attempt
+  {kube.EXIT_UNREACHABLE}  the API server could not be reached: refused, no answer, unknown host, TLS failed
+"""
 
 
 class InputError(Exception):
@@ -158,7 +160,7 @@ def _emit(objects: list[dict[str, Any]], output: str) -> str:
     if output == "json":
         payload = objects[0] if len(objects) == 1 else {"apiVersion": "v1", "kind": "List", "items": objects}
         return json.dumps(payload, indent=2) + "\n"
-    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, width=120)
+    return yaml.dump_all(objects, Dumper=Dumper, sort_keys=False, width=120)
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -248,12 +250,18 @@ def _job_refusals() -> tuple[type[Exception], ...]:
     return DataError, RunRefused, TrainingFailed
 
 
+VERBOSE_HELP = (
+    "also show Ray's own output (every Ray process's lines, Serve's and Ray Data's logs); by default it goes "
+    "to the run's ray-output.log"
+)
+
+
 def _on_local_ray(args: argparse.Namespace, demo: bool) -> int:
     """`rayship run` (train) or `rayship demo` (train, serve, predict): the file's one TrainingJob on
     local Ray, what refuses it said in one line."""
     local = _workloads()
     doc = _one_trainingjob(args.file)
-    where = {"runs_dir": _runs_dir(args.runs_dir), "base_dir": _base_dir(args.file)}
+    where = {"runs_dir": _runs_dir(args.runs_dir), "base_dir": _base_dir(args.file), "verbose": args.verbose}
     try:
         if demo:
             local.demo(doc, port=args.port, **where)
@@ -360,14 +368,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
         return 0
 
 
-def _logs_parser(sub: Any) -> None:
+def _logs_parser(sub: Any, cluster: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "logs",
+        parents=[cluster],
         help="a TrainingJob's output, kept next to its checkpoints: live while its Ray cluster runs, "
         "from the PVC after it is gone; a ModelService's replica logs while its pods run",
     )
     p.add_argument("ref", help="tj/NAME or ms/NAME")
-    p.add_argument("-n", "--namespace", help="its namespace (default: the context's)")
     p.add_argument("--attempt", type=int, help="which attempt (1, 2, ...; default: the latest)")
     p.add_argument(
         "--rank",
@@ -380,15 +388,31 @@ def _logs_parser(sub: Any) -> None:
     p.add_argument(
         "--image", help="image of the pod that reads the PVC once the cluster is gone (default: spec.image)"
     )
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
-    p.add_argument("--context", help="kubeconfig context (default: the current one)")
     p.set_defaults(func=cmd_logs)
 
 
+def cluster_flags() -> argparse.ArgumentParser:
+    """The flags of every command that talks to a cluster, as kubectl's."""
+    flags = argparse.ArgumentParser(add_help=False)
+    group = flags.add_argument_group("cluster (as kubectl)")
+    group.add_argument(
+        "-n", "--namespace", help="the namespace (default: the context's namespace, else default)"
+    )
+    group.add_argument("--context", help="the kubeconfig context (default: the current one)")
+    group.add_argument("--kubeconfig", help="the kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
+    return flags
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rayship", description="Distributed ML on Ray, on Kubernetes.")
+    parser = argparse.ArgumentParser(
+        prog="rayship",
+        description="Distributed ML on Ray, on Kubernetes.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"rayship {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    cluster = cluster_flags()
 
     p = sub.add_parser(
         "render", help="print the KubeRay objects a TrainingJob or ModelService becomes (offline)"
@@ -403,6 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--restart", action="store_true", help="train a finished job again from scratch (its run is replaced)"
     )
+    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("serve", help="serve a ModelService or an exported model on local Ray (until Ctrl-C)")
@@ -420,9 +445,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--file", required=True, help="TrainingJob YAML/JSON file")
     p.add_argument("--runs-dir", default="rayship-runs", help="where checkpoints, metrics and the model go")
     p.add_argument("--port", type=_port, default=8000, help="HTTP port on 127.0.0.1 for the demo service")
+    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     p.set_defaults(func=cmd_demo)
 
-    _logs_parser(sub)
+    get.add_parser(sub, cluster)
+    status.add_parser(sub, cluster)
+    _logs_parser(sub, cluster)
+    completion.add_parser(sub, parser)
 
     p = sub.add_parser("generate", help="write the CRDs and manifests generated from the API models")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="repository root")
@@ -445,7 +474,6 @@ def main(argv: list[str] | None = None) -> int:
     except (InputError, SpecError, ConfigError) as err:  # ConfigError: RAYSHIP_* environment variables
         print(f"error: {err}".replace("\n", "\nerror: "), file=sys.stderr)
         return EXIT_INVALID
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    except kube.ClusterError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.code
