@@ -24,6 +24,12 @@ SAMPLE := manifests/samples/trainingjob-ddp.yaml
 S3_SERVER := $(VENV)/s3/bin/moto_server
 S3_SERVER_PINS := "moto[s3]==5.2.5" "flask==3.1.3" "flask-cors==6.0.5"
 PYTEST := $(BIN)/pytest
+# The docs site's builder (mkdocs-material, pinned in requirements-docs.txt) in a venv of its own inside
+# .venv, and the headless browser its test opens the built site in (Debian's chromium, pinned).
+DOCS_VENV := $(VENV)/docs
+MKDOCS := $(DOCS_VENV)/bin/mkdocs
+SITE := $(VENV)/site
+CHROMIUM_DEB := chromium=156.0.8078.114-1~deb12u1
 export RAY_USAGE_STATS_ENABLED := 0
 
 ##@ Setup
@@ -82,8 +88,23 @@ render: setup ## print the RayJob for FILE=... (default: the DDP sample)
 operator: setup ## run the operator against the current kube context
 	$(BIN)/rayship operator
 
+##@ Docs
+.PHONY: docs docs-deps
+docs: $(MKDOCS) ## build the docs site strictly (a broken link or a page outside the nav fails) into .venv/site
+	NO_MKDOCS_2_WARNING=1 $(MKDOCS) build --strict --quiet --site-dir $(SITE)
+	@echo "docs: $(SITE)/index.html"
+
+$(MKDOCS): requirements-docs.txt | $(BIN)/.installed
+	$(PYTHON) -m venv $(DOCS_VENV)
+	$(BIN)/uv pip install --quiet --python $(DOCS_VENV)/bin/python -r requirements-docs.txt
+	touch $@
+
+docs-deps: ## install the headless browser the docs site's test uses (Debian's chromium, pinned)
+	@dpkg-query -W -f='$${Package}=$${Version}' chromium 2>/dev/null | grep -qxF '$(CHROMIUM_DEB)' || { \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(CHROMIUM_DEB); }
+
 ##@ Test
-.PHONY: test test-unit test-operator test-workloads test-chart builds
+.PHONY: test test-unit test-operator test-workloads test-chart test-docs builds
 # `make test` first builds what the tiers need that a machine builds once: the Go control plane and
 # the images, side by side (both niced; the first time ~15 and ~10 min, the image build's wheel
 # downloads and Debian bootstrap waiting on the network). Built beside the Ray tier instead, the images
@@ -95,7 +116,7 @@ operator: setup ## run the operator against the current kube context
 # its real node (the first pull of the workload image into its containerd, ~3 min). The Ray tier takes
 # ~14 min, so the end-to-end tier finds the cluster up; `make test` stops it at the end if it started
 # it (the e2e fixtures reuse a running cluster and leave it be).
-TIERS_WITHOUT_RAY := tests/unit tests/chart tests/controlplane tests/operator
+TIERS_WITHOUT_RAY := tests/unit tests/chart tests/docs tests/controlplane tests/operator
 TIERS_WITH_RAY := tests/workloads
 TIERS_AFTER := tests/e2e
 
@@ -114,7 +135,7 @@ builds: setup node-deps image-deps ## the control plane's binaries and the image
 	cat $(VENV)/images-build.log; echo "--- (exit codes: control plane $$go, images $$built; in $${SECONDS}s)"; \
 	exit $$(( go || built ))
 
-test: builds ## the whole suite (every tier; what CI runs)
+test: builds docs docs-deps ## the whole suite (every tier; what CI runs)
 	@rm -f $(VENV)/tier-without-ray.rc $(VENV)/cluster-started-by-make-test; \
 	stop_ours() { [ ! -f $(VENV)/cluster-started-by-make-test ] || $(BIN)/python controlplane/cluster.py down --check; }; \
 	echo "--- $(TIERS_WITHOUT_RAY), then the cluster (beside the Ray tier; their output follows it)"; \
@@ -139,6 +160,9 @@ test-operator: setup ## the operator on the real control plane (real API server,
 
 test-workloads: setup ## Ray Train / Ray Serve on local Ray (CPU; a few minutes)
 	$(PYTEST) -q tests/workloads
+
+test-docs: docs docs-deps ## the docs site opened in a headless browser: navigation, API reference, links
+	$(PYTEST) -q tests/docs
 
 test-chart: setup ## helm lint/template, strict validation for Kubernetes 1.30-1.35
 	$(PYTEST) -q tests/chart
