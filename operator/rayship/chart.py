@@ -5,7 +5,7 @@ hand, with a comment on every value, and a test checks it equals these defaults.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,7 +17,19 @@ class Values(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+# A Kubernetes resource quantity as helm hands it over: `--set resources.limits.cpu=1` (and `cpu: 1` or
+# `cpu: 0.5` in a values file) is a number, `500m` or `1Gi` a string; the API server takes both.
+# The string form is Kubernetes' own (apimachinery's resource.Quantity, as controller-gen writes it).
+QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+Quantity = Annotated[float, Field(ge=0)] | Annotated[str, Field(pattern=QUANTITY_PATTERN)]
+
+
 class Image(Values):
+    registry: str = Field(
+        "",
+        description="Registry the repository is pulled from (e.g. registry.example:5000; a trailing / "
+        "is optional); empty: the repository as it is.",
+    )
     repository: str = Field("rayship/rayship-operator", description="Operator image repository.")
     tag: str = Field("", description="Image tag; empty means the chart's appVersion.")
     pullPolicy: Literal["Always", "IfNotPresent", "Never"] = Field(
@@ -111,19 +123,42 @@ class ServiceAccount(Values):
     name: str = Field("", description="Its name; empty means the release's full name.")
 
 
+def _quantities(**given: Quantity) -> dict[str, Quantity]:
+    return given
+
+
 class Resources(Values):
-    requests: dict[str, str] = Field(
-        default_factory=lambda: {"cpu": "100m", "memory": "256Mi"}, description="Requests."
+    requests: dict[str, Quantity] = Field(
+        default_factory=lambda: _quantities(cpu="100m", memory="256Mi"),
+        description="Requests (quantities: 0.5, 1, 500m, 256Mi).",
     )
-    limits: dict[str, str] = Field(
-        default_factory=lambda: {"memory": "1Gi"},
+    limits: dict[str, Quantity] = Field(
+        default_factory=lambda: _quantities(memory="1Gi"),
         description="Limits. The operator's memory follows the burst it catches up on: TrainingJobs "
         "created together, or while it was down, took it to 220-280 MB for 1000 and 440 MB for 2000 "
         "(measured, 32 workers; with 6, 665 MB for 2000); raise the limit for larger bursts.",
     )
 
 
+class EnvVar(Values):
+    """A container's environment variable (Kubernetes' EnvVar)."""
+
+    name: str = Field(min_length=1, description="Its name.")
+    value: str | None = Field(None, description="Its value (a string: quote numbers).")
+    valueFrom: dict[str, Any] | None = Field(
+        None, description="Where its value comes from (a Secret's or ConfigMap's key, a field)."
+    )
+
+
 class ChartValues(Values):
+    nameOverride: str = Field(
+        "", description="Replaces the chart's name (rayship) in the release's full name and labels."
+    )
+    fullnameOverride: str = Field(
+        "",
+        description="The release's full name (default: the release name, followed by -rayship unless "
+        "it contains rayship): every object's name, cluster-wide ones included.",
+    )
     image: Image = Field(default_factory=Image, description="Operator image.")
     imagePullSecrets: list[dict[str, str]] = Field(
         default_factory=list, description="Pull secrets, e.g. [{name: regcred}]."
@@ -151,9 +186,32 @@ class ChartValues(Values):
         le=256,
         description="Reconciles the operator runs at once (threads, each mostly waiting on the API server).",
     )
+    extraEnv: list[EnvVar] = Field(
+        default_factory=list,
+        description="More environment variables of the operator container, after the chart's own "
+        "(e.g. HTTPS_PROXY, with the API server's address in NO_PROXY).",
+    )
+    podSecurityContext: dict[str, Any] = Field(
+        default_factory=lambda: {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        description="The operator pod's securityContext. No runAsUser: the image runs as its numeric "
+        "USER 10001, and OpenShift's restricted SCC assigns its own UID. A key set to null is removed.",
+    )
+    securityContext: dict[str, Any] = Field(
+        default_factory=lambda: {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        description="The operator container's securityContext.",
+    )
+    priorityClassName: str = Field("", description="The operator pod's PriorityClass; empty: none.")
     nodeSelector: dict[str, str] = Field(default_factory=dict, description="Operator pod node selector.")
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Operator pod tolerations.")
     affinity: dict[str, Any] = Field(default_factory=dict, description="Operator pod affinity.")
+    podLabels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra operator pod labels (the chart's selector labels cannot be replaced).",
+    )
     podAnnotations: dict[str, str] = Field(
         default_factory=dict, description="Extra operator pod annotations."
     )

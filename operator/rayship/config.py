@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from rayship import __version__
+from rayship.api import names
 
 if TYPE_CHECKING:
     from pydantic_settings import BaseSettings
@@ -111,6 +112,13 @@ class OperatorConfig(BaseModel):
         description="Key the Ray auth token of each ModelService's clusters is derived from. The "
         "operator reads (or makes) it at startup from the Secret rayship-ray-token-key in its namespace; "
         "set this only to manage the key yourself.",
+    )
+    workload_role: str = Field(
+        names.WORKLOAD_ROLE,
+        min_length=1,
+        description="The ClusterRole each TrainingJob's Ray pods are bound to (patch TrainingJob "
+        "status, narrowed to their own by the chart's admission policy): the chart release's own, "
+        "`<release full name>-workload`, which the chart sets, so two releases never share one.",
     )
     workers: int = Field(
         32,

@@ -171,15 +171,22 @@ helm install rayship charts/rayship -n rayship-system --create-namespace
 {chart.values_table()}
 
 The operator's RBAC rules are generated from `operator/rayship/rbac.py` into
-`files/operator-rules.yaml` (a ClusterRole, or one Role per `watchNamespaces` entry). Each
+`files/operator-rules.yaml` (a ClusterRole), or `files/operator-namespaced-rules.yaml` (one Role per
+`watchNamespaces` entry: no list or watch of namespaces, `get` of its own only). Each
 TrainingJob also gets its own ServiceAccount and RoleBinding (created by the operator, owned by the
-TrainingJob) to the ClusterRole `{names.WORKLOAD_ROLE}` (`files/workload.yaml`: `patch` on
-TrainingJob `status`). The ValidatingAdmissionPolicy `{names.WORKLOAD_POLICY}` (same file)
-narrows that to the job's own TrainingJob, the one whose `status.workloadAccount` names the
-ServiceAccount: its Ray pods may patch that status and nothing else. One ClusterRole instead of a Role
-per job: the operator may `bind` exactly that ClusterRole, so the API server does not read every
-RoleBinding of the namespace for each job (its no-escalation check of a Role the creator may not bind).
+TrainingJob) to the release's ClusterRole `<full name>-workload` (`{names.WORKLOAD_ROLE}` for the
+release `rayship`; `files/workload.yaml`: `patch` on TrainingJob `status`). The release's
+ValidatingAdmissionPolicy `<full name>-workload-writes-its-own-status` (same file) narrows that to the
+job's own TrainingJob, the one whose `status.workloadAccount` names the ServiceAccount: its Ray pods
+may patch that status and nothing else. One ClusterRole instead of a Role per job: the operator may
+`bind` exactly its release's ClusterRole, so the API server does not read every RoleBinding of the
+namespace for each job (its no-escalation check of a Role the creator may not bind).
 Upgrading from a version with per-job Roles: those jobs keep their Role until they are deleted.
+
+Several releases (e.g. one per team, each with its own `watchNamespaces`, none watching another's
+namespaces) install side by side: every cluster-wide object carries the release's full name, but the
+CRDs, which are the cluster's: install them with one release and set `crds.install=false` on the
+others. Their admission policies are identical, so none refuses what another admits.
 
 Secrets: the operator may `create` Secrets (each ModelService's Ray token, named in the RayService's
 `authOptions.secretName`) but read none, except `rayship-ray-token-key` in its own namespace
@@ -197,9 +204,10 @@ def outputs(root: Path) -> dict[Path, str]:
         files[root / "manifests" / "crds" / f"{kind.crd_name}.yaml"] = text
         files[root / CHART / "files" / "crds" / f"{kind.crd_name}.yaml"] = text
     for file, generated in (
-        ("operator-rules.yaml", rbac.OPERATOR_RULES),
+        ("operator-rules.yaml", rbac.operator_rules(rbac.CHART_WORKLOAD_ROLE)),
+        ("operator-namespaced-rules.yaml", rbac.namespaced_operator_rules(rbac.CHART_WORKLOAD_ROLE)),
         ("operator-key-rules.yaml", rbac.KEY_RULES),
-        ("workload.yaml", rbac.workload_objects()),
+        ("workload.yaml", rbac.workload_objects(rbac.CHART_WORKLOAD_ROLE, rbac.CHART_WORKLOAD_POLICY)),
     ):
         files[root / CHART / "files" / file] = HEADER.replace("api/", "rbac.py") + yaml.safe_dump(
             generated, sort_keys=False

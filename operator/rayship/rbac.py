@@ -51,8 +51,9 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "resources": ["rolebindings"],
         "verbs": ["get", "create"],
     },
-    {  # that ClusterRole only. A RoleBinding made without `bind` on its role costs the API server a
-        # read of every RoleBinding in the namespace (its no-escalation check): O(jobs) per job.
+    {  # that ClusterRole only (its release's: `operator_rules`). A RoleBinding made without `bind` on
+        # its role costs the API server a read of every RoleBinding in the namespace (its no-escalation
+        # check): O(jobs) per job.
         "apiGroups": ["rbac.authorization.k8s.io"],
         "resources": ["clusterroles"],
         "resourceNames": [names.WORKLOAD_ROLE],
@@ -78,13 +79,41 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     # whether a TrainingJob's checkpoint claim exists, before its Ray cluster is made: list, watch:
     # kopf's index of the claims' names; get: a reconcile before the index has them
     {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "list", "watch"]},
-    {  # list, watch: kopf, cluster-wide; get: whether a namespace whose objects go is being deleted
+    {  # list, watch: kopf's index of the namespaces being deleted (the cluster-wide operator only:
+        # `namespaced_operator_rules`); get: whether a namespace whose objects go is being deleted
         "apiGroups": [""],
         "resources": ["namespaces"],
         "verbs": ["get", "list", "watch"],
     },
     {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
 ]
+
+
+# How the chart's generated files name its release's own cluster-wide objects: helm fills these in
+# (`tpl`, from charts/rayship/templates/_helpers.tpl), `<release full name>-workload` and
+# `<release full name>-workload-writes-its-own-status` (names.workload_role / names.workload_policy).
+CHART_WORKLOAD_ROLE = '{{ include "rayship.workloadRole" . }}'
+CHART_WORKLOAD_POLICY = '{{ include "rayship.workloadPolicy" . }}'
+
+
+def operator_rules(workload_role: str) -> list[dict[str, Any]]:
+    """OPERATOR_RULES of the release whose workload ClusterRole is `workload_role`: `bind` names that
+    one ClusterRole, no other release's."""
+    return [
+        {**rule, "resourceNames": [workload_role]} if rule["resources"] == ["clusterroles"] else rule
+        for rule in OPERATOR_RULES
+    ]
+
+
+def namespaced_operator_rules(workload_role: str) -> list[dict[str, Any]]:
+    """The rules of the Role in each namespace of the chart's `watchNamespaces`: `operator_rules`, but
+    `get` alone on namespaces. A Role grants reading its own namespace's Namespace object (the API
+    server authorizes GET /api/v1/namespaces/NAME as a request in namespace NAME) and no list or watch
+    of namespaces, which only the operator of every namespace makes (handlers.run)."""
+    return [
+        {**rule, "verbs": ["get"]} if rule["resources"] == ["namespaces"] else rule
+        for rule in operator_rules(workload_role)
+    ]
 
 
 # In the operator's own namespace only: the key the Ray tokens are derived from (that one Secret).
@@ -99,8 +128,8 @@ KEY_RULES: list[dict[str, Any]] = [
 ]
 
 
-# The Ray pods of a TrainingJob (ClusterRole names.WORKLOAD_ROLE, bound per job): they report
-# progress, checkpoints and tuning results into status. Which TrainingJob: `workload_policy`.
+# The Ray pods of a TrainingJob (the release's ClusterRole, names.workload_role, bound per job): they
+# report progress, checkpoints and tuning results into status. Which TrainingJob: `workload_policy`.
 WORKLOAD_RULES: list[dict[str, Any]] = [
     {"apiGroups": [api.GROUP], "resources": [f"{api.TRAINING_JOB.plural}/status"], "verbs": ["patch"]},
 ]
@@ -109,11 +138,16 @@ _ACCOUNT_PREFIX = "'system:serviceaccount:' + request.namespace + ':'"
 
 
 def workload_policy() -> dict[str, Any]:
-    """The spec of ValidatingAdmissionPolicy names.WORKLOAD_POLICY: a request by a workload
-    ServiceAccount (one of the TrainingJob's namespace whose name ends in -workload) may write only the
-    status of the TrainingJob whose `status.workloadAccount` (the operator's) names it, and never that
-    field. RBAC cannot say "its own" for names made per job without a Role per job, whose create costs
-    the API server a read of every RoleBinding in the namespace."""
+    """The spec of each release's ValidatingAdmissionPolicy (names.workload_policy): a request by a
+    workload ServiceAccount (one of the TrainingJob's namespace whose name ends in -workload) may write
+    only the status of the TrainingJob whose `status.workloadAccount` (the operator's) names it, and
+    never that field. RBAC cannot say "its own" for names made per job without a Role per job, whose
+    create costs the API server a read of every RoleBinding in the namespace.
+
+    The same for every release, in every namespace (no paramKind, no namespaceSelector): several
+    releases' policies admit exactly the same requests, so none refuses another release's workload
+    accounts, and a namespace a release stops watching keeps its jobs' accounts narrowed as long as
+    any release is installed."""
     account = f"{_ACCOUNT_PREFIX} + oldObject.status.workloadAccount"
     return {
         "failurePolicy": "Fail",
@@ -153,28 +187,30 @@ def workload_policy() -> dict[str, Any]:
     }
 
 
-def workload_objects() -> list[dict[str, Any]]:
-    """The chart's cluster-wide objects for the Ray pods of every TrainingJob: the ClusterRole each
-    job's RoleBinding binds, and the admission policy (with its binding) that narrows it."""
+def workload_objects(
+    role: str = names.WORKLOAD_ROLE, policy: str = names.WORKLOAD_POLICY
+) -> list[dict[str, Any]]:
+    """A release's cluster-wide objects for the Ray pods of its TrainingJobs: the ClusterRole `role`
+    each job's RoleBinding binds, and the admission policy `policy` (with its binding) that narrows it."""
     admission = "admissionregistration.k8s.io/v1"
     return [
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRole",
-            "metadata": {"name": names.WORKLOAD_ROLE},
+            "metadata": {"name": role},
             "rules": WORKLOAD_RULES,
         },
         {
             "apiVersion": admission,
             "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": names.WORKLOAD_POLICY},
+            "metadata": {"name": policy},
             "spec": workload_policy(),
         },
         {
             "apiVersion": admission,
             "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": names.WORKLOAD_POLICY},
-            "spec": {"policyName": names.WORKLOAD_POLICY, "validationActions": ["Deny"]},
+            "metadata": {"name": policy},
+            "spec": {"policyName": policy, "validationActions": ["Deny"]},
         },
     ]
 

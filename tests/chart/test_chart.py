@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,61 +14,17 @@ import yaml
 from rayship import chart, generate, rbac
 from rayship.api import names
 from rayship.config import OperatorConfig, from_environment, variable
+from tests.chart.render import CHART, VARIANTS, by_kind, helm, operator_env, skip_without_helm
+from tests.chart.render import template as render
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.chart
 
-CHART = ROOT / "charts" / "rayship"
-HELM = shutil.which("helm") or str(Path(sys.executable).parent / "helm")
-VARIANTS: dict[str, dict[str, Any]] = {
-    "default": {},
-    "namespaced": {"watchNamespaces": ["team-a", "team-b"]},
-    "metrics-off": {"metrics": {"enabled": False}},
-    "crds-off": {"crds": {"install": False}},
-    "crds-not-kept": {"crds": {"keep": False}},
-    "custom-images": {
-        "image": {
-            "repository": "registry.example/rayship-operator",
-            "tag": "0.1.0-rc1",
-            "pullPolicy": "Always",
-        },
-        "imagePullSecrets": [{"name": "regcred"}],
-        "defaults": {
-            "workloadImage": "registry.example/rayship-workloads:0.1.0-gpu",
-            "gpuNodeSelector": {"pool": "a100"},
-        },
-    },
-    "service-monitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
-}
-
-if not Path(HELM).exists():
-    pytest.skip(
-        "helm is not installed: run `make setup` (it extracts helm into .venv/bin)", allow_module_level=True
-    )
-
-
-def helm(
-    *args: str, values: dict[str, Any] | None = None, tmp_path: Path | None = None
-) -> subprocess.CompletedProcess:
-    extra: list[str] = []
-    if values:
-        assert tmp_path is not None
-        path = tmp_path / "values.yaml"
-        path.write_text(yaml.safe_dump(values))
-        extra = ["-f", str(path)]
-    return subprocess.run([HELM, *args, str(CHART), *extra], capture_output=True, text=True, timeout=120)
+skip_without_helm()
 
 
 def template(variant: str, tmp_path: Path) -> list[dict[str, Any]]:
-    proc = helm(
-        "template", "rayship", "--namespace", "rayship-system", values=VARIANTS[variant], tmp_path=tmp_path
-    )
-    assert proc.returncode == 0, proc.stderr
-    return [d for d in yaml.safe_load_all(proc.stdout) if d]
-
-
-def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [o for o in objects if o["kind"] == kind]
+    return render(VARIANTS[variant], tmp_path)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -134,7 +87,12 @@ def test_rbac_is_exactly_the_operators_rules_without_wildcards(tmp_path: Path) -
     key_role = next(r for r in roles if r["metadata"]["name"].endswith("-token-key"))
     roles.remove(key_role)
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    assert all(rule["resources"] != ["namespaces"] for r in roles for rule in r["rules"])
+    assert all(r["rules"] == rbac.namespaced_operator_rules(names.WORKLOAD_ROLE) for r in roles)
+    # Namespaces: its own Namespace object read, none listed or watched (no cluster-wide right at all)
+    assert [rule["verbs"] for r in roles for rule in r["rules"] if "namespaces" in rule["resources"]] == [
+        ["get"],
+        ["get"],
+    ]
     assert len(by_kind(namespaced, "RoleBinding")) == 3
     # Secrets: created anywhere the operator works, read nowhere but its own key, in its own namespace
     for r in roles + [role]:
@@ -152,7 +110,8 @@ def test_deployment_is_hardened_and_probed(tmp_path: Path) -> None:
     spec = deployment["spec"]
     assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
     pod = spec["template"]["spec"]
-    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0
+    # No runAsUser: the image's numeric USER (10001), or the UID OpenShift's restricted SCC assigns.
+    assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
     (container,) = pod["containers"]
     assert container["securityContext"] == {
         "allowPrivilegeEscalation": False,
@@ -165,13 +124,8 @@ def test_deployment_is_hardened_and_probed(tmp_path: Path) -> None:
     assert container["image"] == "rayship/rayship-operator:0.1.0"
 
 
-def operator_env(deployment: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
-
-
 def test_the_chart_configures_the_operator(tmp_path: Path, monkeypatch) -> None:
-    (deployment,) = by_kind(template("custom-images", tmp_path), "Deployment")
-    env = operator_env(deployment)
+    env = operator_env(template("custom-images", tmp_path))
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     config = from_environment()
@@ -180,7 +134,8 @@ def test_the_chart_configures_the_operator(tmp_path: Path, monkeypatch) -> None:
     assert config.gpu_tolerations == chart.ChartValues().defaults.gpuTolerations
     known = {variable(name) for name in OperatorConfig.model_fields}
     assert set(env) <= known, set(env) - known  # no value the operator would ignore
-    (off,) = by_kind(template("metrics-off", tmp_path), "Deployment")
+    assert config.workload_role == names.WORKLOAD_ROLE  # the release rayship's
+    off = template("metrics-off", tmp_path)
     assert operator_env(off)["RAYSHIP_METRICS_PORT"] == "0" and not by_kind(
         template("metrics-off", tmp_path), "Service"
     )
@@ -200,6 +155,13 @@ def test_service_monitor(tmp_path: Path) -> None:
         ({"crds": {"install": "yes"}}, "install"),
         ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
         ({"watchNamespaces": "team-a"}, "watchNamespaces"),
+        ({"resources": {"limits": {"memory": "16GB"}}}, "memory"),
+        ({"resources": {"limits": {"cpu": -1}}}, "cpu"),
+        ({"extraEnv": {"HTTPS_PROXY": "http://proxy:3128"}}, "extraEnv"),
+        ({"extraEnv": [{"value": "http://proxy:3128"}]}, "name"),
+        ({"extraEnv": [{"name": "PORT", "value": 8080}]}, "value"),
+        ({"podLabels": ["team=ml"]}, "podLabels"),
+        ({"image": {"registry": 5000}}, "registry"),
     ],
 )
 def test_values_schema_rejects_unknown_and_mistyped_values(values, message, tmp_path: Path) -> None:

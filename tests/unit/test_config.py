@@ -25,6 +25,7 @@ def test_variables_are_read_with_json_for_lists_and_objects(monkeypatch) -> None
     monkeypatch.setenv("RAYSHIP_GPU_NODE_SELECTOR", '{"pool": "a100"}')
     monkeypatch.setenv("RAYSHIP_RAY_TOKEN_KEY", "k")
     monkeypatch.setenv("RAYSHIP_CPU_LIMITS", "false")  # as the chart's template quotes a bool
+    monkeypatch.setenv("RAYSHIP_WORKLOAD_ROLE", "team-b-rayship-workload")  # the chart release's
     config = from_environment()
     assert type(config) is OperatorConfig
     assert config == OperatorConfig(
@@ -33,6 +34,7 @@ def test_variables_are_read_with_json_for_lists_and_objects(monkeypatch) -> None
         gpu_node_selector={"pool": "a100"},
         ray_token_key=SecretStr("k"),
         cpu_limits=False,
+        workload_role="team-b-rayship-workload",
     )
 
 

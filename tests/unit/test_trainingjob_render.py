@@ -274,6 +274,33 @@ def test_workload_rbac_is_least_privilege_and_used_by_the_ray_pods() -> None:
     assert not any("roles" in r["resources"] for r in rbac.OPERATOR_RULES)
 
 
+def test_the_workload_role_is_the_chart_releases_own() -> None:
+    """Each chart release has its own ClusterRole (RAYSHIP_WORKLOAD_ROLE): every job's RoleBinding binds
+    that one, and the release's operator may bind it and no other (two releases never share one)."""
+    config = OperatorConfig(workload_role=names.workload_role("team-b-rayship"))
+    (binding,) = [
+        o
+        for o in trainingjob.render_trainingjob(
+            parse_trainingjob(load(SAMPLES / "trainingjob-ddp.yaml")), config
+        )
+        if o["kind"] == "RoleBinding"
+    ]
+    assert binding["roleRef"]["name"] == "team-b-rayship-workload"
+    assert OperatorConfig().workload_role == names.WORKLOAD_ROLE == names.workload_role("rayship")
+    assert (
+        names.WORKLOAD_POLICY == names.workload_policy("rayship") == "rayship-workload-writes-its-own-status"
+    )
+    rules = rbac.operator_rules("team-b-rayship-workload")
+    (bind,) = [r for r in rules if "bind" in r["verbs"]]
+    assert bind["resourceNames"] == ["team-b-rayship-workload"]
+    assert [r for r in rules if r is not bind] == [r for r in rbac.OPERATOR_RULES if "bind" not in r["verbs"]]
+    assert rbac.operator_rules(names.WORKLOAD_ROLE) == rbac.OPERATOR_RULES
+    role, policy, policy_binding = rbac.workload_objects("a-workload", "a-policy")
+    assert role["metadata"]["name"] == "a-workload" and policy["metadata"]["name"] == "a-policy"
+    assert policy_binding["metadata"]["name"] == policy_binding["spec"]["policyName"] == "a-policy"
+    assert policy["spec"] == rbac.workload_policy()  # the same for every release
+
+
 def test_workload_accounts_always_end_in_the_suffix_the_admission_policy_matches() -> None:
     for name in ("mlp", "x" * 54, "x" * 55, "x" * 253, "7-starts-with-digit", "a.b"):
         account = names.workload_account(name)

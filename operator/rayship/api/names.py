@@ -127,9 +127,21 @@ SERVE_PORT_NUMBER = 8000
 
 # The Ray pods of every TrainingJob: a ClusterRole (the chart's) that lets them patch TrainingJob status,
 # bound per job to the job's own ServiceAccount by a RoleBinding, and an admission policy that narrows
-# it to the job's own TrainingJob (`rbac.workload_policy`). Cluster-wide singletons, like the CRDs.
-WORKLOAD_ROLE = "rayship-workload"
-WORKLOAD_POLICY = "rayship-workload-writes-its-own-status"
+# it to the job's own TrainingJob (`rbac.workload_policy`). Cluster-wide, so each chart release names
+# them after itself (its full name, as the chart's `rayship.workloadRole` / `rayship.workloadPolicy`
+# do), and two releases never clash; its operator is told its ClusterRole (OperatorConfig.workload_role).
+def workload_role(release: str) -> str:
+    """The ClusterRole of the Ray pods made by the chart release whose full name is `release`."""
+    return f"{release}-workload"
+
+
+def workload_policy(release: str) -> str:
+    """The ValidatingAdmissionPolicy (and its binding) of the chart release whose full name is `release`."""
+    return f"{release}-workload-writes-its-own-status"
+
+
+WORKLOAD_ROLE = workload_role(PART_OF)  # the release `rayship` (the docs' install): rayship-workload
+WORKLOAD_POLICY = workload_policy(PART_OF)
 WORKLOAD_SUFFIX = "-workload"  # every workload ServiceAccount's name ends in it (the policy's match)
 
 

@@ -43,6 +43,11 @@ def run(**options: Any) -> None:
     process = OperatorProcess.start(from_environment())
     process.stop = asyncio.Event()
     register_resync(process.config.resync_seconds)
+    if options.get("clusterwide"):
+        # A watch of every namespace, which an operator confined to its namespaces (the chart's
+        # watchNamespaces: Roles there, no ClusterRole) may not make: without it a reconcile in a
+        # namespace being deleted is tried, and told so by the API server (k8s.Terminating).
+        kopf.index("v1", "namespaces")(namespaces_terminating)
     kopf.run(stop_flag=process.stop, memo=kopf.Memo(process=process), **options)
 
 
@@ -93,7 +98,7 @@ def reconciles_not_wedged(memo: kopf.Memo, **_: Any) -> int:
 # Namespaces being deleted, kept by kopf from a watch of namespaces: a reconcile there writes nothing.
 # Deleting a namespace deletes its objects, children first as often as not; meanwhile the status of a
 # job would say it is suspending or lost, and the API server refuses its Events (kopf retries each).
-@kopf.index("v1", "namespaces")
+# An index of the operator that watches every namespace only (registered by `run`).
 async def namespaces_terminating(*, name: str, status: Mapping[str, Any], **_: Any) -> dict[str, bool] | None:
     return {name: True} if status.get("phase") == "Terminating" else None
 

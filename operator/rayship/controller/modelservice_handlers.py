@@ -114,16 +114,17 @@ def reconcile_services(*, namespace: str, services: list[str], memo: kopf.Memo) 
         )
 
 
-@kopf.on.event(*api.MODELSERVICES)  # type: ignore[arg-type]  # kopf's WatchingFn does not model index kwargs
+@kopf.on.event(*api.MODELSERVICES)
 async def modelservice_gone(
     *,
     type: str | None,
     uid: str | None,
-    namespaces_terminating: kopf.Index[str, bool],
     memo: kopf.Memo,
+    namespaces_terminating: kopf.Index[str, bool] | None = None,  # cluster-wide only (handlers.run)
     **_: Any,
 ) -> None:
     process = of(memo)
-    process.reconciler.terminating.update(namespaces=namespaces_terminating)
+    if namespaces_terminating is not None:
+        process.reconciler.terminating.update(namespaces=namespaces_terminating)
     if type == "DELETED" and uid:
         process.forget(uid)

@@ -205,8 +205,8 @@ async def trainingjob_event(
     trainingjobs_seen: Index,
     rayjobs_seen: Index,
     claims_seen: Index,
-    namespaces_terminating: kopf.Index[str, bool],
     memo: kopf.Memo,
+    namespaces_terminating: kopf.Index[str, bool] | None = None,  # cluster-wide only (handlers.run)
     **_: Any,
 ) -> None:
     """Every event of a TrainingJob (kopf's listing at start-up included): the job is queued while its
@@ -224,7 +224,8 @@ async def trainingjob_event(
     update and resume handlers, and their change detection at every event."""
     process = of(memo)
     _keep_kopf_views(process, trainingjobs_seen, rayjobs_seen, claims_seen)
-    process.reconciler.terminating.update(namespaces=namespaces_terminating)
+    if namespaces_terminating is not None:
+        process.reconciler.terminating.update(namespaces=namespaces_terminating)
     ns = namespaced(namespace)
     assert process.queue is not None
     if type == "DELETED":

@@ -285,9 +285,9 @@ def _build(tj: api.TrainingJob, config: OperatorConfig) -> tuple[dict[str, Any],
     }
 
 
-def build_workload_rbac(tj: api.TrainingJob) -> list[dict[str, Any]]:
-    """ServiceAccount and RoleBinding for the Ray pods: bound to the chart's ClusterRole
-    (names.WORKLOAD_ROLE: patch TrainingJob status), narrowed by the chart's admission policy
+def build_workload_rbac(tj: api.TrainingJob, config: OperatorConfig) -> list[dict[str, Any]]:
+    """ServiceAccount and RoleBinding for the Ray pods: bound to the chart release's ClusterRole
+    (config.workload_role: patch TrainingJob status), narrowed by the chart's admission policy
     (rbac.workload_policy) to the status of their own TrainingJob, which names this ServiceAccount
     in status.workloadAccount. Nothing else."""
     name = names.workload_account(tj.metadata.name)
@@ -307,7 +307,7 @@ def build_workload_rbac(tj: api.TrainingJob) -> list[dict[str, Any]]:
             "roleRef": {
                 "apiGroup": "rbac.authorization.k8s.io",
                 "kind": "ClusterRole",
-                "name": names.WORKLOAD_ROLE,
+                "name": config.workload_role,
             },
             "subjects": [subject],
         },
@@ -317,7 +317,7 @@ def build_workload_rbac(tj: api.TrainingJob) -> list[dict[str, Any]]:
 def render_trainingjob(tj: api.TrainingJob, config: OperatorConfig) -> list[dict[str, Any]]:
     """Every object the operator creates for a TrainingJob, in creation order."""
     policy = build_network_policy(config, tj.metadata, "TrainingJob", names.rayjob_name(tj.metadata.name))
-    return [*build_workload_rbac(tj), *policy, *_build(tj, config)]
+    return [*build_workload_rbac(tj, config), *policy, *_build(tj, config)]
 
 
 def total_gpus(tj: api.TrainingJob) -> int:
