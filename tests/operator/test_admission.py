@@ -11,7 +11,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rayship import api
 from tests.conftest import SAMPLES, rayship_samples
-from tests.unit.bad_corpus import RAYSHIP_ONLY_CASES, SPEC_CASES
+from tests.unit.bad_corpus import MESSAGE_CASES, RAYSHIP_ONLY_CASES, SPEC_CASES
 
 pytestmark = pytest.mark.operator
 
@@ -61,3 +61,28 @@ def test_what_only_rayship_can_reject_is_documented_as_such(kube) -> None:
         if case == "int-beyond-int64":
             continue  # the kubernetes client cannot even send it as an integer
         assert dry_run_create(kube, doc) is None, case
+
+
+# What the API server says for a lower bound above its upper one: the rule's messageExpression, with the
+# values (rayship says the same with each field's whole path: bad_corpus.MESSAGE_CASES).
+SAID_WITH_VALUES = {
+    "replicas-min-above-max": "replicas.min (5) is more than replicas.max (3)",
+    "replicas-initial-outside": "replicas.initial (4) is not within replicas.min..replicas.max (1..3)",
+    "workers-min-replicas-above-replicas": "workers.minReplicas (3) is more than workers.replicas (2)",
+    "autoscaling-min-above-max": "autoscaling.minReplicas (4) is more than autoscaling.maxReplicas (2)",
+    "asha-grace-above-max-t": "tuning.asha.gracePeriod (5) is more than tuning.asha.maxT (3)",
+    "search-low-above-high": "low (0.5) is not below high (0.05)",
+}
+
+
+def test_the_server_says_the_values_of_a_lower_bound_above_its_upper_one(kube) -> None:
+    said = {}
+    for case, sample, mutate, _line in MESSAGE_CASES:
+        if case not in SAID_WITH_VALUES:
+            continue
+        doc = yaml.safe_load((SAMPLES / sample).read_text())
+        mutate(doc)
+        refused = dry_run_create(kube, doc)
+        said[case] = refused.body if refused is not None else "accepted"
+    assert said.keys() == SAID_WITH_VALUES.keys()
+    assert {c: SAID_WITH_VALUES[c] in body for c, body in said.items()} == dict.fromkeys(said, True), said

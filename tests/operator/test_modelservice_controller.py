@@ -68,6 +68,32 @@ def test_waits_for_its_trainingjob_then_kuberay_builds_the_serving_cluster(kube:
     wait_for(lambda: kube.get(RAYCLUSTERS, cluster) is None, 90, what="its RayCluster deleted")
 
 
+def test_a_service_naming_a_missing_trainingjob_says_which_exist_and_the_closest(
+    kube: Kube, operator
+) -> None:
+    """A typo in fromTrainingJob.name: the service waits (WaitingForModel) and its status names the
+    TrainingJobs of the namespace, from the operator's index, with a guess."""
+    for job in ("mlp-cpu", "other-job"):
+        kube.create(TJ, sample(job))
+    for job in ("mlp-cpu", "other-job"):  # a status written: the operator's index holds the job
+        wait_for(lambda job=job: kube.status(TJ, job).get("phase"), 60, what=f"{job} seen by the operator")
+    kube.create(
+        MS, sample("typo", "kind-modelservice-cpu.yaml", model={"fromTrainingJob": {"name": "mlp-cpi"}})
+    )
+    cond = wait_for(
+        lambda: (
+            (c := kube.condition(MS, "typo", "ModelAvailable")).get("reason") == "TrainingJobNotFound" and c
+        ),
+        60,
+        what="TrainingJobNotFound",
+    )
+    assert cond["message"] == (
+        f"TrainingJob mlp-cpi does not exist (yet) in namespace {kube.namespace}; did you mean mlp-cpu? "
+        "TrainingJobs there: mlp-cpu, other-job"
+    ), cond
+    assert kube.status(MS, "typo")["phase"] == "WaitingForModel" and kube.get(RS, "typo") is None
+
+
 def test_a_planted_token_secret_is_never_used(kube: Kube, operator) -> None:
     """Someone who may create (not read) Secrets in the namespace plants one under the name the token
     Secret once had. The operator never reads Secrets, so it could not tell that Secret from its own:

@@ -606,3 +606,227 @@ TEXT_CASES: list[tuple[str, str, str]] = [
         "not valid YAML",
     ),
 ]
+
+# Bad input whose whole message is said here, word for word, as `rayship render` prints it after
+# "error: FILE: ": (id, sample the mutation applies to, the mutation, the one line). What a new user
+# writes most often (a memory unit from another world, a quoted or milli CPU, a lower bound above the
+# upper one) gets the fix with the values, not a regular expression.
+_MS = "modelservice-from-trainingjob.yaml"
+_PIPELINE = "../../examples/pipeline/modelservice.yaml"
+_QUANTITY = "is not a Kubernetes quantity; use"
+MESSAGE_CASES: list[tuple[str, str, Callable[[Doc], None], str]] = [
+    *(
+        (
+            f"memory-{value.replace(' ', '-')}",
+            "trainingjob-ddp.yaml",
+            _set("spec.workers.memoryPerWorker", value),
+            f"spec.workers.memoryPerWorker: {value!r} {_QUANTITY} 16Gi (binary) or 16G (decimal)",
+        )
+        for value in ("16GB", "16gb", "16G B", "16g")
+    ),
+    *(
+        (
+            f"memory-{value.replace(' ', '-')}",
+            "trainingjob-ddp.yaml",
+            _set("spec.workers.memoryPerWorker", value),
+            f"spec.workers.memoryPerWorker: {value!r} {_QUANTITY} 16Gi",
+        )
+        for value in ("16 Gi", "16GiB", "16gi", "16 GiB")
+    ),
+    (
+        "memory-megabytes",
+        "trainingjob-ddp.yaml",
+        _set("spec.head.memory", "512MB"),
+        f"spec.head.memory: '512MB' {_QUANTITY} 512Mi (binary) or 512M (decimal)",
+    ),
+    (
+        "memory-kilobytes",
+        "trainingjob-ddp.yaml",
+        _set("spec.head.memory", "900000KB"),
+        f"spec.head.memory: '900000KB' {_QUANTITY} 900000Ki (binary) or 900000k (decimal)",
+    ),
+    (
+        "memory-milli",
+        "trainingjob-ddp.yaml",
+        _set("spec.workers.memoryPerWorker", "512m"),
+        "spec.workers.memoryPerWorker: '512m' is thousandths of a byte (m is milli); use 512Mi (binary) or "
+        "512M (decimal)",
+    ),
+    (
+        "memory-words",
+        "trainingjob-ddp.yaml",
+        _set("spec.head.memory", "lots"),
+        "spec.head.memory: 'lots' is not a Kubernetes quantity: a number and a unit, e.g. 16Gi (binary) or "
+        "16G (decimal)",
+    ),
+    (
+        "service-memory",
+        _MS,
+        _set("spec.resources.memory", "8 GB"),
+        f"spec.resources.memory: '8 GB' {_QUANTITY} 8Gi (binary) or 8G (decimal)",
+    ),
+    (
+        "cpu-milli",
+        "trainingjob-ddp.yaml",
+        _set("spec.workers.cpusPerWorker", "500m"),
+        "spec.workers.cpusPerWorker: '500m' is not a number of CPU cores; use 0.5 (m is a thousandth of a core)",
+    ),
+    (
+        "cpu-quoted",
+        "trainingjob-ddp.yaml",
+        _set("spec.head.cpus", "2"),
+        "spec.head.cpus: '2' is a string, not a number of CPU cores; use 2 (without quotes)",
+    ),
+    (
+        "cpu-cores-word",
+        _MS,
+        _set("spec.resources.cpus", "4 cores"),
+        "spec.resources.cpus: '4 cores' is not a number of CPU cores; use 4",
+    ),
+    (
+        "cpu-actor-milli",
+        _PIPELINE,
+        _all(
+            _set("spec.application.runtimeEnv.workingDir", "s3://b/pipeline.zip"),
+            _set("spec.deployments.Preprocess.rayActorOptions.numCpus", "250m"),
+        ),
+        "spec.deployments.Preprocess.rayActorOptions.numCpus: '250m' is not a number of CPU cores; use 0.25 "
+        "(m is a thousandth of a core)",
+    ),
+    (
+        "replicas-min-above-max",
+        _MS,
+        _set("spec.replicas", {"min": 5, "max": 3}),
+        "spec.replicas.min (5) is more than spec.replicas.max (3)",
+    ),
+    (
+        "replicas-initial-outside",
+        _MS,
+        _set("spec.replicas", {"min": 1, "max": 3, "initial": 4}),
+        "spec.replicas.initial (4) is not within spec.replicas.min..spec.replicas.max (1..3)",
+    ),
+    (
+        "workers-min-replicas-above-replicas",
+        "trainingjob-ddp.yaml",
+        _set("spec.workers.minReplicas", 3),
+        "spec.workers.minReplicas (3) is more than spec.workers.replicas (2), the most workers the job trains on",
+    ),
+    (
+        "autoscaling-min-above-max",
+        _PIPELINE,
+        _all(
+            _set("spec.application.runtimeEnv.workingDir", "s3://b/pipeline.zip"),
+            _set("spec.deployments.Model.autoscaling", {"minReplicas": 4, "maxReplicas": 2}),
+        ),
+        "spec.deployments.Model.autoscaling.minReplicas (4) is more than "
+        "spec.deployments.Model.autoscaling.maxReplicas (2)",
+    ),
+    (
+        "autoscaling-initial-outside",
+        _PIPELINE,
+        _all(
+            _set("spec.application.runtimeEnv.workingDir", "s3://b/pipeline.zip"),
+            _set(
+                "spec.deployments.Model.autoscaling",
+                {"minReplicas": 1, "maxReplicas": 2, "initialReplicas": 3},
+            ),
+        ),
+        "spec.deployments.Model.autoscaling.initialReplicas (3) is not within "
+        "spec.deployments.Model.autoscaling.minReplicas..spec.deployments.Model.autoscaling.maxReplicas (1..2)",
+    ),
+    (
+        "asha-grace-above-max-t",
+        "trainingjob-tuning.yaml",
+        _set("spec.tuning.asha", {"gracePeriod": 5, "maxT": 3}),
+        "spec.tuning.asha.gracePeriod (5) is more than spec.tuning.asha.maxT (3)",
+    ),
+    (
+        "search-low-above-high",
+        "trainingjob-tuning.yaml",
+        _set(
+            "spec.tuning.searchSpace.learningRate", {"distribution": "loguniform", "low": 0.5, "high": 0.05}
+        ),
+        "spec.tuning.searchSpace.learningRate: low (0.5) is not below high (0.05): loguniform, uniform and "
+        "randint draw from [low, high)",
+    ),
+]
+
+# YAML a parser cannot read: (id, file text, what `rayship render` says after "not valid YAML "). The
+# parser's own words (libyaml's, or PyYAML's where libyaml is absent) end the line in parentheses.
+_HEAD = "apiVersion: rayship.dev/v1alpha1\nkind: TrainingJob\n"
+YAML_CASES: list[tuple[str, str, str]] = [
+    (
+        "indented-too-far",
+        f"{_HEAD}metadata:\n  name: x\n    namespace: team-a\n",
+        "at line 5, column 14 ('namespace: team-a'): YAML did not expect a key here: check the indentation "
+        "of line 5 (spaces, aligned with its siblings), or quote a value that holds ': ' "
+        "(mapping values are not allowed in this context)",
+    ),
+    (
+        "colon-in-value",
+        f"{_HEAD}metadata: {{name: x}}\nspec:\n  image: repo/img: v1\n",
+        "at line 5, column 18 ('image: repo/img: v1'): YAML did not expect a key here: check the indentation "
+        "of line 5 (spaces, aligned with its siblings), or quote a value that holds ': ' "
+        "(mapping values are not allowed in this context)",
+    ),
+    (
+        "indented-too-little",
+        f"{_HEAD}spec:\n  workers:\n    replicas: 2\n   memoryPerWorker: 1Gi\n",
+        "at line 6, column 4 ('memoryPerWorker: 1Gi'): YAML expected a key at this indentation: check the "
+        "indentation of line 6 (spaces, aligned with its siblings) (did not find expected key)",
+    ),
+    (
+        "no-colon",
+        f"{_HEAD}metadata:\n  name: x\n  labels\n  team: a\n",
+        "at line 5, column 3 ('labels'): YAML expected 'key: value' on line 5: add the ':' after the key, "
+        "or indent the line under the one above if it continues its value (could not find expected ':')",
+    ),
+    (
+        "tab",
+        f"{_HEAD}metadata:\n\tname: x\n",
+        "at line 4, column 1 ('\\tname: x'): YAML indents with spaces only: replace the tab on line 4 with "
+        "spaces (found character that cannot start any token)",
+    ),
+    (
+        "tab-in-value",
+        f"{_HEAD}\tmetadata: {{}}\n",
+        "at line 3, column 1 ('\\tmetadata: {}'): YAML indents with spaces only: replace the tab on line 3 "
+        "with spaces (found a tab character that violates indentation)",
+    ),
+    (
+        "list-item-misaligned",
+        f"{_HEAD}spec:\n  env:\n    - name: A\n     - name: B\n",
+        "at line 6, column 6 ('- name: B'): YAML expected a list item ('- ') at this indentation: check the "
+        "indentation of line 6 (aligned with the items above it) (did not find expected '-' indicator)",
+    ),
+    (
+        "list-not-closed",
+        f"{_HEAD}metadata: {{name: x}}\nspec:\n  tolerations: [a, b\n",
+        "at line 5, column 16 ('tolerations: [a, b'): the '[' here is not closed: end the list with ']' "
+        "(items separated by ',') (did not find expected ',' or ']')",
+    ),
+    (
+        "mapping-not-closed",
+        f"{_HEAD}metadata: {{name: x\nspec: {{}}\n",
+        "at line 3, column 11 ('metadata: {name: x'): the '{' here is not closed: end the mapping with '}' "
+        "(entries separated by ',') (did not find expected ',' or '}')",
+    ),
+    (
+        "quote-not-closed",
+        f"{_HEAD}metadata:\n  name: 'x\nspec: {{}}\n",
+        'at line 4, column 9 ("name: \'x"): the quote here is not closed: end the value with the same '
+        "quote (found unexpected end of stream)",
+    ),
+    (
+        "at-sign",
+        f"{_HEAD}metadata:\n  name: @x\n",
+        "at line 4, column 9 ('name: @x'): a plain value cannot start with '@': quote the value "
+        "(found character that cannot start any token)",
+    ),
+    (
+        "undefined-alias",
+        f"{_HEAD}metadata:\n  name: *x\n",
+        "at line 4, column 9 ('name: *x'): an alias (*x) with no anchor (&x) before it: define the anchor, "
+        "or quote a value that starts with '*' (found undefined alias)",
+    ),
+]

@@ -14,7 +14,7 @@ import yaml
 
 from rayship import cli
 from tests.conftest import SAMPLES, handed_document
-from tests.unit.bad_corpus import RAYSHIP_ONLY_CASES, SPEC_CASES, TEXT_CASES
+from tests.unit.bad_corpus import MESSAGE_CASES, RAYSHIP_ONLY_CASES, SPEC_CASES, TEXT_CASES, YAML_CASES
 
 SAMPLE = SAMPLES / "trainingjob-ddp.yaml"
 
@@ -78,6 +78,49 @@ def test_bad_document_is_explained(case: str, text: str, message: str, tmp_path:
     code, out, err = run(capsys, "render", "-f", str(path))
     assert (code, out) == (1, "")
     assert message in err, err
+
+
+@pytest.mark.parametrize(
+    ("case", "sample", "mutate", "line"), MESSAGE_CASES, ids=[c[0] for c in MESSAGE_CASES]
+)
+def test_a_common_mistake_is_said_with_its_fix_and_its_values(
+    case: str, sample: str, mutate, line: str, tmp_path: Path, capsys
+) -> None:
+    doc = yaml.safe_load((SAMPLES / sample).read_text())
+    mutate(doc)
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, out, err = run(capsys, "render", "-f", str(path))
+    assert (code, out) == (1, "")
+    assert err == f"error: {path}: {line}\n"
+
+
+@pytest.mark.parametrize(("case", "text", "line"), YAML_CASES, ids=[c[0] for c in YAML_CASES])
+def test_a_yaml_syntax_error_says_where_what_yaml_wanted_and_the_line(
+    case: str, text: str, line: str, tmp_path: Path, capsys
+) -> None:
+    """PyYAML's (libyaml's) words alone ("mapping values are not allowed in this context") leave a new
+    user to guess: the line says where, shows that line, says what YAML wanted there in plain words,
+    and keeps the parser's own words at the end."""
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(text)
+    code, out, err = run(capsys, "render", "-f", str(path))
+    assert (code, out) == (1, "")
+    if not yaml.__with_libyaml__:  # PyYAML's own parser: the same words, its own in parentheses
+        line = line.rsplit(" (", 1)[0]
+    assert err.startswith(f"error: {path}: not valid YAML {line}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(("case", "text", "line"), YAML_CASES, ids=[c[0] for c in YAML_CASES])
+def test_pyyamls_own_parser_gets_the_same_plain_words(case: str, text: str, line: str) -> None:
+    """Where libyaml is absent PyYAML parses (and the kubernetes client reads kubeconfigs with it): its
+    problems, worded otherwise, map to the same plain words at the same place."""
+    from rayship.api import yamlio
+
+    with pytest.raises(yaml.YAMLError) as err:
+        list(yaml.load_all(text, Loader=yaml.SafeLoader))
+    said = yamlio.explain(err.value, text)
+    assert said.startswith(f"not valid YAML {line.rsplit(' (', 1)[0]} ("), said
 
 
 def test_every_problem_is_listed_once(tmp_path: Path, capsys) -> None:

@@ -146,7 +146,11 @@ def test_the_kubeconfig_s_own_problems_are_said_in_our_words(
     broken.write_text("clusters: [\n")
     assert cli.main(["status", "x", "--kubeconfig", str(broken)]) == kube.EXIT_ERROR
     err = capsys.readouterr().err
-    assert err.startswith(f"error: kubeconfig {broken}: not valid YAML at line 2") and err.count("\n") == 1
+    assert err == (
+        f"error: kubeconfig {broken}: not valid YAML at line 2, column 1: YAML expected a value here: close a '[' "
+        "or '{' left open above, or give the value a '-' or ':' announces (expected the node content, but found "
+        "'<stream end>')\n"
+    )
     assert "Invalid kube-config" not in err
 
 

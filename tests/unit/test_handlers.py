@@ -398,3 +398,52 @@ def test_an_event_after_the_operator_stopped_is_said_in_the_log_not_raised(
     monkeypatch.setattr(kopf, "event", broken)
     with pytest.raises(RuntimeError, match="something else"):
         loop.post(owner, Event("Normal", "RayJobCreated", "created"))
+
+
+def test_a_service_waiting_for_a_missing_trainingjob_is_told_those_of_its_namespace_from_the_index(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The names come from kopf's index of TrainingJobs (handed to the reconciler by the handlers): no
+    API call; only without an index (no handler has handed it yet), one LIST of the namespace."""
+    import yaml
+
+    from rayship import api
+    from rayship.controller import k8s
+    from rayship.controller import reconcile as loop
+    from rayship.controller.modelservice_handlers import SERVING
+    from tests.conftest import SAMPLES
+
+    service = yaml.safe_load((SAMPLES / "modelservice-from-trainingjob.yaml").read_text())
+    service["spec"]["model"]["fromTrainingJob"]["name"] = "mlp-dpp"
+    service["metadata"].update(uid="ms-1", resourceVersion="1", generation=1)
+    monkeypatch.setattr(k8s, "get", lambda resource, *_: service if resource == api.MODELSERVICES else None)
+    lists: list[tuple[object, ...]] = []
+    monkeypatch.setattr(
+        k8s, "list_objects", lambda *args: lists.append(args) or [{"metadata": {"name": "mlp-ddp"}}]
+    )
+    written: list[dict[str, object]] = []
+
+    def patch_status(_resource: object, _ns: str, _name: str, changes: dict[str, object], _rv: str) -> dict:
+        written.append(changes)
+        return service
+
+    monkeypatch.setattr(k8s, "patch_status", patch_status)
+    monkeypatch.setattr(k8s, "namespace_terminating", lambda _ns: False)
+    monkeypatch.setattr(loop, "post", lambda *_: None)
+
+    def message() -> str:
+        conditions = cast(list[dict[str, str]], written[-1]["conditions"])
+        return next(c["message"] for c in conditions if c["type"] == "ModelAvailable")
+
+    reconciler = a_process().reconciler
+    index = {("default", "mlp-ddp"): [b""], ("default", "llm-zero3"): [b""], ("team-b", "mlp-dpq"): [b""]}
+    reconciler.listed["trainingjobs"] = cast(loop.NameIndex, index)
+    assert reconciler.reconcile_once(SERVING, "default", "mlp")
+    assert message() == (
+        "TrainingJob mlp-dpp does not exist (yet) in namespace default; did you mean mlp-ddp? "
+        "TrainingJobs there: llm-zero3, mlp-ddp"
+    )
+    assert lists == []
+    reconciler.listed.clear()
+    assert reconciler.reconcile_once(SERVING, "default", "mlp")
+    assert lists == [(api.TRAININGJOBS, "default", "")] and "did you mean mlp-ddp?" in message()

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rayship import cli
+from rayship import api, cli
 from rayship.api.validation import SpecError, parse
 from rayship.config import OperatorConfig
 from rayship.controller import modelservice
@@ -268,7 +268,7 @@ def test_bad_modelservice_is_rejected_by_cli_models_and_crd(
     ("head", "line"),
     [
         ({"cpus": 0}, "spec.head.cpus: input should be greater than or equal to 0.001 (got 0)"),
-        ({"memory": "lots"}, "spec.head.memory: 'lots' is not valid: expected to match "),
+        ({"memory": "lots"}, "spec.head.memory: 'lots' is not a Kubernetes quantity: a number and a unit"),
     ],
     ids=["cpus-0", "memory-lots"],
 )
@@ -314,6 +314,58 @@ def test_resolve_model(trainingjob, served, uri, reason) -> None:
     found = modelservice.resolve_model(parse(load()), trainingjob, current)
     assert (found.uri, found.reason) == (uri, reason)
     assert "mlp-ddp" in found.message
+
+
+def _waiting(ms: dict[str, Any], existing: list[str]) -> dict[str, Any]:
+    """The ModelAvailable condition of a service planned with no TrainingJob it names, told `existing`."""
+    todo = modelservice.plan(ms, None, [], CONFIG)
+    assert modelservice.missing_related(todo) == api.TRAININGJOBS
+    told = modelservice.with_existing(todo, existing)
+    (cond,) = [
+        c
+        for c in modelservice.status(ms, None, told, None, NOW)["conditions"]
+        if c["type"] == "ModelAvailable"
+    ]
+    assert cond["reason"] == "TrainingJobNotFound" and cond["status"] == "False"
+    return cond
+
+
+def test_a_missing_trainingjob_is_said_with_those_that_do_exist_and_a_guess() -> None:
+    """A typo in fromTrainingJob.name waited forever saying only "does not exist (yet)": the status
+    names the TrainingJobs of the namespace (from the operator's index: the plan is told them) and the
+    closest one."""
+    ms = load()
+    ms["spec"]["model"]["fromTrainingJob"]["name"] = "mlp-dpp"
+    assert _waiting(ms, ["llm-zero3", "mlp-ddp"])["message"] == (
+        "TrainingJob mlp-dpp does not exist (yet) in namespace default; did you mean mlp-ddp? "
+        "TrainingJobs there: llm-zero3, mlp-ddp"
+    )
+    assert _waiting(ms, [])["message"] == (
+        "TrainingJob mlp-dpp does not exist (yet) in namespace default; there is no TrainingJob there"
+    )
+    many = [f"job-{i:02d}" for i in range(13)]
+    assert _waiting(ms, many)["message"] == (
+        "TrainingJob mlp-dpp does not exist (yet) in namespace default; TrainingJobs there: "
+        + ", ".join(many[:10])
+        + " and 3 more"
+    )
+
+
+def test_each_missing_trainingjob_of_a_multi_model_service_is_said_with_those_that_exist() -> None:
+    ms = load()
+    del ms["spec"]["model"]
+    ms["spec"]["models"] = {"a": {"fromTrainingJob": {"name": "mlp-dd"}}, "b": {"uri": "s3://m/b"}}
+    assert _waiting(ms, ["mlp-ddp"])["message"] == (
+        "waiting for a (nothing changes until every model resolves): model a: TrainingJob mlp-dd does not "
+        "exist (yet) in namespace default; did you mean mlp-ddp? TrainingJobs there: mlp-ddp; "
+        "model b: serving s3://m/b"
+    )
+
+
+def test_no_names_are_wanted_when_every_trainingjob_named_exists() -> None:
+    todo = plan(load(), None, tj("Running"), CONFIG)
+    assert modelservice.missing_related(todo) is None
+    assert modelservice.with_existing(todo, ["x"]) == todo
 
 
 def test_best_checkpoint_choice() -> None:

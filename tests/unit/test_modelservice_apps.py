@@ -113,7 +113,7 @@ def test_builtin_server_gets_the_request_limits_and_the_services_name(rayservice
     [
         (
             {"replicas": {"min": 1, "max": 3, "initial": 4}},
-            "replicas.initial must be within replicas.min..replicas.max",
+            "spec.replicas.initial (4) is not within spec.replicas.min..spec.replicas.max (1..3)",
         ),
         (
             {"deployments": {"Other": {"replicas": 1}}},
@@ -145,7 +145,7 @@ def test_builtin_server_gets_the_request_limits_and_the_services_name(rayservice
                 "application": {"importPath": "p:app"},
                 "deployments": {"A": {"autoscaling": {"minReplicas": 3, "maxReplicas": 2}}},
             },
-            "autoscaling.minReplicas must not exceed maxReplicas",
+            "spec.deployments.A.autoscaling.minReplicas (3) is more than spec.deployments.A.autoscaling.maxReplicas (2)",
         ),
         ({"application": {"importPath": "p:app", "runtimeEnv": {"workingDir": "."}}}, "zip archive's URI"),
         (
@@ -265,7 +265,7 @@ def test_vllm_waits_for_a_language_model() -> None:
         ({"application": {"importPath": "p:app"}}, "remove application (or the engine)"),
         ({"engine": "rayship"}, "vllm: settings of engine vllm; set engine: vllm or remove them"),
         ({"resources": {"gpus": 0}}, "engine vllm runs on GPUs: set resources.gpus to at least 1"),
-        ({"resources": {"gpus": 1}}, "vllm.tensorParallelSize must not exceed resources.gpus"),
+        ({"resources": {"gpus": 1}}, "vllm.tensorParallelSize (2) is more than resources.gpus (1)"),
         (
             {"deployments": {"RayshipModel": {"maxOngoingRequests": 4}}},
             "engine vllm names its own deployments",

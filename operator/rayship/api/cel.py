@@ -67,7 +67,10 @@ FUNCTIONS = [
 
 @functools.cache
 def _environment() -> Any:
-    return cel.NewEnv(variables={"self": cel.Type.DYN}, functions=FUNCTIONS)
+    # The strings library, as the API server (>= 1.29) offers it: `format` in messageExpressions.
+    from cel_expr_python.ext.ext_strings import ExtStrings
+
+    return cel.NewEnv(variables={"self": cel.Type.DYN}, functions=FUNCTIONS, extensions=[ExtStrings(2)])
 
 
 @functools.cache
@@ -84,3 +87,10 @@ def holds(rule: str, value: Any) -> bool:
     """
     result = program(rule).eval(data={"self": value})
     return result.type() == cel.Type.BOOL and result.value() is True
+
+
+def text(expression: str, value: Any) -> str | None:
+    """Evaluate a CEL string expression (a rule's messageExpression) with `self` bound to `value`; None
+    where it fails or is not a string (the API server then says the rule's message)."""
+    result = program(expression).eval(data={"self": value})
+    return str(result.value()) if result.type() == cel.Type.STRING else None

@@ -72,9 +72,34 @@ class CelRule:
     cluster_only: bool = False
     # False for the rare rule the API server's CEL cannot type-check (checked by rayship only).
     in_crd: bool = True
+    # A CEL string expression saying the values that broke the rule (Kubernetes' messageExpression):
+    # the API server and rayship both say it (`explained`); `message` where it cannot be evaluated.
+    message_expression: str = ""
 
     def as_schema(self) -> dict[str, str]:
-        return {"rule": self.rule, "message": self.message}
+        schema = {"rule": self.rule, "message": self.message}
+        if self.message_expression:
+            schema["messageExpression"] = self.message_expression
+        return schema
+
+    def explained(self, value: Any) -> str:
+        """What the API server says when the rule fails on `value`: its messageExpression's text, or
+        its message."""
+        if not self.message_expression:
+            return self.message
+        from rayship.api import cel
+
+        return cel.text(self.message_expression, value) or self.message
+
+
+def said_with_values(*parts: str) -> str:
+    """A messageExpression from text and `self.` fields, each said as its value: `said_with_values(
+    "replicas.min (", "self.min", ") is more than ...")`. Written with the strings library's `format`
+    (Kubernetes >= 1.29): the API server bounds its cost by the constant text, where concatenating
+    `string(self.min)` has a cost it cannot bound, and refuses the CRD."""
+    text = "".join("%s" if p.startswith("self.") else p.replace("%", "%%") for p in parts)
+    values = ", ".join(p for p in parts if p.startswith("self."))
+    return f"{text!r}.format([{values}])"
 
 
 def no_credentials_rule(field: str, path: str) -> CelRule:
@@ -127,7 +152,7 @@ class ApiModel(BaseModel):
         rules = [r for r in self.cel_rules if not (local and r.cluster_only) and not (admitted and r.in_crd)]
         if rules:
             wire = self.model_dump(mode="json", by_alias=True, exclude_none=True)
-            failed = [r.message for r in rules if not cel_holds(r.rule, wire)]
+            failed = [r.explained(wire) for r in rules if not cel_holds(r.rule, wire)]
             if failed:
                 raise ValueError("; ".join(failed))
         return self

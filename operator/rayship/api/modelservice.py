@@ -27,6 +27,7 @@ from rayship.api.common import (
     cpu_rule,
     memory_rule,
     no_credentials_rule,
+    said_with_values,
     sub,
 )
 from rayship.api.trainingjob import HeadSpec, PvcStorage, RuntimeEnvSpec, TrainingJob
@@ -83,10 +84,25 @@ class ServeReplicas(ApiModel):
     """Ray Serve autoscaling: replicas of the model, one per GPU worker pod."""
 
     cel_rules: ClassVar = (
-        CelRule("self.min <= self.max", "replicas.min must not exceed replicas.max"),
+        CelRule(
+            "self.min <= self.max",
+            "replicas.min must not exceed replicas.max",
+            message_expression=said_with_values(
+                "replicas.min (", "self.min", ") is more than replicas.max (", "self.max", ")"
+            ),
+        ),
         CelRule(
             "!has(self.initial) || (self.min <= self.initial && self.initial <= self.max)",
             "replicas.initial must be within replicas.min..replicas.max",
+            message_expression=said_with_values(
+                "replicas.initial (",
+                "self.initial",
+                ") is not within replicas.min..replicas.max (",
+                "self.min",
+                "..",
+                "self.max",
+                ")",
+            ),  # fmt: skip
         ),
     )
     min: int = Field(1, ge=0, le=1000, description="Fewest replicas (0 scales to zero when idle).")
@@ -169,12 +185,29 @@ class DeploymentAutoscaling(ApiModel):
 
     cel_rules: ClassVar = (
         CelRule(
-            "self.minReplicas <= self.maxReplicas", "autoscaling.minReplicas must not exceed maxReplicas"
+            "self.minReplicas <= self.maxReplicas",
+            "autoscaling.minReplicas must not exceed maxReplicas",
+            message_expression=said_with_values(
+                "autoscaling.minReplicas (",
+                "self.minReplicas",
+                ") is more than autoscaling.maxReplicas (",
+                "self.maxReplicas",
+                ")",
+            ),  # fmt: skip
         ),
         CelRule(
             "!has(self.initialReplicas) || (self.minReplicas <= self.initialReplicas && "
             "self.initialReplicas <= self.maxReplicas)",
             "autoscaling.initialReplicas must be within minReplicas..maxReplicas",
+            message_expression=said_with_values(
+                "autoscaling.initialReplicas (",
+                "self.initialReplicas",
+                ") is not within autoscaling.minReplicas..autoscaling.maxReplicas (",
+                "self.minReplicas",
+                "..",
+                "self.maxReplicas",
+                ")",
+            ),  # fmt: skip
         ),
     )
     min_replicas: int = Field(1, ge=0, le=1000, description="Fewest replicas (0 scales to zero when idle).")
@@ -368,6 +401,13 @@ class ModelServiceSpec(ApiModel):
             "self.vllm.tensorParallelSize <= (has(self.resources) && has(self.resources.gpus) ? "
             "self.resources.gpus : 1)",
             "vllm.tensorParallelSize must not exceed resources.gpus (the GPUs of one replica's pod)",
+            message_expression=said_with_values(
+                "vllm.tensorParallelSize (",
+                "self.vllm.tensorParallelSize",
+                ") is more than resources.gpus (",
+                "self.resources.gpus",
+                "), the GPUs of one replica's pod",
+            ),  # fmt: skip
         ),
         CelRule(
             "has(self.application) || !has(self.deployments) || !has(self.deployments.RayshipModel) || "

@@ -36,6 +36,7 @@ from rayship.api.common import (
     memory_rule,
     name_rule,
     no_credentials_rule,
+    said_with_values,
     sub,
 )
 from rayship.api.trainer import TrackingSpec, TrainerSpec
@@ -123,6 +124,13 @@ class WorkersSpec(ApiModel):
         CelRule(
             "!has(self.minReplicas) || self.minReplicas <= self.replicas",
             "workers.minReplicas must not exceed workers.replicas (the most workers the job trains on)",
+            message_expression=said_with_values(
+                "workers.minReplicas (",
+                "self.minReplicas",
+                ") is more than workers.replicas (",
+                "self.replicas",
+                "), the most workers the job trains on",
+            ),  # fmt: skip
         ),
     )
 

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from rayship.api.common import ApiModel, CelRule
+from rayship.api.common import ApiModel, CelRule, said_with_values
 
 TUNABLE_FIELDS = ("learningRate", "batchSizePerWorker", "epochs")
 
@@ -19,6 +19,15 @@ class SearchDimension(ApiModel):
         CelRule(
             "self.distribution in ['choice', 'grid'] || (has(self.low) && has(self.high) && self.low < self.high)",
             "loguniform, uniform and randint need low < high",
+            message_expression="has(self.low) && has(self.high) ? "
+            + said_with_values(
+                "low (",
+                "self.low",
+                ") is not below high (",
+                "self.high",
+                "): loguniform, uniform and randint draw from [low, high)",
+            )
+            + " : 'loguniform, uniform and randint need low and high'",
         ),
         # The API server's CEL cannot see `values` (its items are any JSON, so it has no CEL type):
         # this rule is checked by rayship (CLI and operator), and the CRD keeps minItems: 1.
@@ -139,6 +148,13 @@ class TuningSpec(ApiModel):
         CelRule(
             "!has(self.asha) || !has(self.asha.maxT) || self.asha.gracePeriod <= self.asha.maxT",
             "tuning.asha.gracePeriod must not exceed maxT",
+            message_expression=said_with_values(
+                "tuning.asha.gracePeriod (",
+                "self.asha.gracePeriod",
+                ") is more than tuning.asha.maxT (",
+                "self.asha.maxT",
+                ")",
+            ),  # fmt: skip
         ),
         CelRule(
             "!has(self.pbt) || self.scheduler == 'pbt'",

@@ -4,9 +4,11 @@ and says how to fix it. Used by the CLI and by the operator (same rules, same wo
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from collections.abc import Iterator, Mapping
+from decimal import Decimal
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -103,12 +105,65 @@ def _describe(model: type[BaseModel], error: Mapping[str, Any]) -> str:
         return f"{path}: required field is missing"
     if kind == "string_pattern_mismatch":
         pattern = error.get("ctx", {}).get("pattern", "")
+        if pattern in (api.MEMORY_PATTERN, api.QUANTITY_PATTERN):
+            return f"{path}: {memory_fix(value)}"
         return f"{path}: {shown(value)} is not valid: expected {PATTERN_HINTS.get(pattern, f'to match {pattern}')}"
+    if kind in ("float_type", "float_parsing") and isinstance(value, str) and "cpu" in str(loc[-1]).lower():
+        return f"{path}: {cpu_fix(value)}"
     if kind == "value_error":
-        return f"{path}: {error['msg'].removeprefix('Value error, ')}"
+        return _rule_failed(path, str(loc[-1]) if loc else "", error["msg"].removeprefix("Value error, "))
     if kind in ("model_type", "model_attributes_type", "dict_type"):
         return f"{path}: expected a mapping of fields, got {type(value).__name__} {shown(value)}"
     return f"{path}: {error['msg'][0].lower()}{error['msg'][1:]} (got {shown(value)})"
+
+
+def _rule_failed(path: str, name: str, message: str) -> str:
+    """A rule of the object at `path` failed. A message that says the values of the object's own fields,
+    each as `name.field (value)` (a rule's messageExpression: `replicas.min (5) is more than replicas.max
+    (3)`), says each field by its whole path instead: `spec.replicas.min (5) is more than
+    spec.replicas.max (3)`."""
+    if not name or not re.match(rf"{re.escape(name)}\.[\w.]+ \(", message):
+        return f"{path}: {message}"
+    # each `name.` that starts a path (not one inside a path, such as `x.name.`; `a..name.` does)
+    return re.sub(rf"(?<!\w)(?<!\w\.){re.escape(name)}\.(?=\w)", f"{path}.", message)
+
+
+# A memory size as users write it elsewhere: 16GB, 16 gb, 16 GiB, 512MB (number, unit letter, i, B).
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgGtTpPeE])\s*([iI]?)\s*((?:[bB](?:ytes?)?)?)\s*")
+
+
+def memory_fix(value: Any) -> str:
+    """Why `value` is not a memory quantity, and the quantity it most likely means: '16GB' -> use 16Gi
+    (binary) or 16G (decimal); '16 GiB' -> use 16Gi; '512m' (milli) -> 512Mi or 512M."""
+    found = _SIZE.fullmatch(value) if isinstance(value, str) else None
+    if found is None:
+        return f"{shown(value)} is not a Kubernetes quantity: a number and a unit, e.g. 16Gi (binary) or 16G (decimal)"
+    number, letter, binary, byte = found.groups()
+    binary_unit, decimal_unit = f"{letter.upper()}i", "k" if letter in "kK" else letter.upper()
+    if binary:
+        return f"{shown(value)} is not a Kubernetes quantity; use {number}{binary_unit}"
+    both = f"{number}{binary_unit} (binary) or {number}{decimal_unit} (decimal)"
+    if letter == "m" and not byte:
+        return f"{shown(value)} is thousandths of a byte (m is milli); use {both}"
+    return f"{shown(value)} is not a Kubernetes quantity; use {both}"
+
+
+_CORES = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(m|cores?|cpus?|vcpus?)?\s*", re.IGNORECASE)
+
+
+def cpu_fix(value: str) -> str:
+    """Why a string is not a number of CPU cores, and the number it most likely means: '500m' -> 0.5;
+    '2' (quoted) -> 2; '4 cores' -> 4."""
+    found = _CORES.fullmatch(value)
+    if found is None:
+        return f"{shown(value)} is not a number of CPU cores, e.g. 4 or 0.5"
+    number, unit = found.group(1), (found.group(2) or "").lower()
+    if unit == "m":
+        cores = format((Decimal(number) / 1000).normalize(), "f")
+        return f"{shown(value)} is not a number of CPU cores; use {cores} (m is a thousandth of a core)"
+    if not unit:
+        return f"{shown(value)} is a string, not a number of CPU cores; use {number} (without quotes)"
+    return f"{shown(value)} is not a number of CPU cores; use {number}"
 
 
 def problems(model: type[BaseModel], err: ValidationError) -> list[str]:
@@ -165,6 +220,39 @@ def _unstorable(value: Any, path: str) -> Iterator[str]:
                 type(item), f"a {type(item).__name__} (from a YAML tag) is not JSON: quote it"
             )
             yield f"{where}: {fix}"
+
+
+def other_kind(doc: Any) -> bool:
+    """Whether a document is of a kind that is not rayship's (a PersistentVolumeClaim, a ConfigMap): its
+    apiVersion or its kind is said, and neither is rayship's (a typo in a rayship kind is not other)."""
+    if not isinstance(doc, Mapping):
+        return False
+    kind, version = doc.get("kind"), doc.get("apiVersion")
+    if (isinstance(kind, str) and kind in api.KIND_BY_NAME) or (
+        isinstance(version, str) and version.partition("/")[0] == api.GROUP
+    ):
+        return False
+    return kind is not None or version is not None
+
+
+def other_kind_problems(doc: Mapping[str, Any]) -> list[str]:
+    """What keeps a document of another kind from being applied as it is: apiVersion, kind and
+    metadata.name as kubectl needs them, a List's items, and values JSON (what the API server stores)
+    has."""
+    problems = []
+    for key in ("apiVersion", "kind"):
+        value = doc.get(key)
+        if value is None:
+            problems.append(f"{key}: required field is missing")
+        elif not isinstance(value, str) or not value:
+            problems.append(f"{key}: expected a non-empty string, got {shown(value)}")
+    if str(doc.get("kind", "")).endswith("List") and "items" in doc:
+        problems.append(f"items: a List holds a list of objects, got {type(doc['items']).__name__}")
+    else:
+        meta = doc.get("metadata")
+        if not isinstance(meta, Mapping) or not (meta.get("name") or meta.get("generateName")):
+            problems.append("metadata.name: required field is missing")
+    return problems + ([] if _storable(doc) else sorted(_unstorable(doc, "")))
 
 
 def parse(doc: Any, *, local: bool = False, admitted: bool = False) -> api.ApiModel:

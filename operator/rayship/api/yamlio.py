@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -110,3 +110,109 @@ def load(text: str) -> Any:
 def canonical_json(value: Any) -> str:
     """Sorted keys, no spaces: equal values always give equal strings (annotations, hashes)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+# What the parser meant, in words a user can act on. Each: (the start of its problem, in libyaml's words
+# or PyYAML's; a part of its context it needs; which mark to point at; what YAML wanted there, from the
+# line number and the text from the mark on).
+Words = Callable[[int, str], str]
+
+
+def _indent(line: int, _rest: str) -> str:
+    return f"YAML expected a key at this indentation: check the indentation of line {line} (spaces, aligned with its siblings)"
+
+
+def _no_key(line: int, _rest: str) -> str:
+    return (
+        f"YAML did not expect a key here: check the indentation of line {line} (spaces, aligned with its "
+        "siblings), or quote a value that holds ': '"
+    )
+
+
+def _no_colon(line: int, _rest: str) -> str:
+    return (
+        f"YAML expected 'key: value' on line {line}: add the ':' after the key, or indent the line under the "
+        "one above if it continues its value"
+    )
+
+
+def _tab(line: int, _rest: str) -> str:
+    return f"YAML indents with spaces only: replace the tab on line {line} with spaces"
+
+
+def _character(line: int, rest: str) -> str:
+    if rest.startswith("\t"):
+        return _tab(line, rest)
+    if rest:
+        return f"a plain value cannot start with {rest[0]!r}: quote the value"
+    return "no value starts with the character here: quote the value, or indent with spaces (not tabs)"
+
+
+def _list_item(line: int, _rest: str) -> str:
+    return (
+        f"YAML expected a list item ('- ') at this indentation: check the indentation of line {line} "
+        "(aligned with the items above it)"
+    )
+
+
+def _not_closed(line: int, rest: str) -> str:
+    if rest.startswith("["):
+        return "the '[' here is not closed: end the list with ']' (items separated by ',')"
+    if rest.startswith("{"):
+        return "the '{' here is not closed: end the mapping with '}' (entries separated by ',')"
+    return f"what opens on line {line} is not closed"
+
+
+def _quote(_line: int, _rest: str) -> str:
+    return "the quote here is not closed: end the value with the same quote"
+
+
+def _no_value(_line: int, _rest: str) -> str:
+    return "YAML expected a value here: close a '[' or '{' left open above, or give the value a '-' or ':' announces"
+
+
+def _alias(_line: int, rest: str) -> str:
+    found = re.match(r"\*([^\s,\[\]{}]+)", rest)
+    name = found.group(1) if found else "name"
+    return (
+        f"an alias (*{name}) with no anchor (&{name}) before it: define the anchor, or quote a value that "
+        "starts with '*'"
+    )
+
+
+_PLAIN_WORDS: tuple[tuple[str, str, str, Words], ...] = (
+    ("mapping values are not allowed", "", "problem", _no_key),
+    ("could not find expected ':'", "", "context", _no_colon),
+    ("found a tab character", "", "problem", _tab),
+    ("found character", "", "problem", _character),  # a tab, or another character no value starts with
+    ("did not find expected '-' indicator", "", "problem", _list_item),
+    ("expected <block end>", "block collection", "problem", _list_item),
+    ("did not find expected key", "", "problem", _indent),
+    ("expected <block end>", "", "problem", _indent),
+    ("did not find expected ','", "", "context", _not_closed),
+    ("expected ','", "", "context", _not_closed),
+    ("found unexpected end of stream", "quoted scalar", "context", _quote),
+    ("did not find expected node content", "", "problem", _no_value),
+    ("expected the node content", "", "problem", _no_value),
+    ("found undefined alias", "", "problem", _alias),
+)
+
+
+def explain(err: yaml.YAMLError, text: str | None) -> str:
+    """A YAML error in one line: where (line, column and that line's text, trimmed, where `text` is
+    known), what YAML wanted there in plain words, and the parser's own words in parentheses at the end.
+    An error with no position (one of the bounds above) is its own words."""
+    problem = str(getattr(err, "problem", None) or err)
+    context = str(getattr(err, "context", None) or "")
+    marks = {"problem": getattr(err, "problem_mark", None), "context": getattr(err, "context_mark", None)}
+    rule = next((r for r in _PLAIN_WORDS if problem.startswith(r[0]) and r[1] in context), None)
+    mark = (marks[rule[2]] if rule is not None else None) or marks["problem"]
+    if mark is None:
+        return f"not valid YAML: {problem}"
+    lines = (text or "").splitlines()
+    source = lines[mark.line] if mark.line < len(lines) else ""
+    shown = f" ({source.strip(' ')[:80]!r})" if source.strip() else ""
+    where = f"not valid YAML at line {mark.line + 1}, column {mark.column + 1}{shown}"
+    if rule is None:
+        return f"{where}: {problem}"
+    return f"{where}: {rule[3](mark.line + 1, source[mark.column :])} ({problem})"

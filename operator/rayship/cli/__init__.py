@@ -1,7 +1,8 @@
 """`rayship` command line: render | run | serve | demo | get | status | logs | completion | generate |
 operator.
 
-- `render -f`: the KubeRay objects the operator would create, offline (cluster validation rules).
+- `render -f`: the KubeRay objects the operator would create, offline (cluster validation rules), read
+  as kubectl reads `-f` (files, folders, Lists; other kinds passed through): `render.py`, `manifests.py`.
 - `run -f` / `serve` / `demo -f`: the same YAML on local Ray (`rayship_workloads.local`).
 - `get`, `status` (`describe`), `logs`: the objects on a cluster, as kubectl reaches it (`-n`,
   `--context`, `--kubeconfig`: `cli.kube`); `get.py`, `status.py`, `rayship.joblogs`.
@@ -16,26 +17,16 @@ cluster that cannot be reached exits 5 (`EXIT_CODES`).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
-from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import yaml
+from typing import Any
 
 from rayship import __version__, api
-from rayship.api import yamlio
-from rayship.api.validation import SpecError, parse, parse_trainingjob
-from rayship.cli import completion, get, kube, status
-from rayship.cli.output import Dumper
-from rayship.config import ConfigError, OperatorConfig, from_environment
-from rayship.controller import trainingjob
-
-if TYPE_CHECKING:
-    from rayship.controller import modelservice
+from rayship.api.validation import SpecError, parse
+from rayship.cli import completion, get, kube, render, status
+from rayship.cli.manifests import InputError, load_documents
+from rayship.config import ConfigError
 
 EXIT_INVALID = kube.EXIT_ERROR
 EXIT_CODES = f"""exit codes:
@@ -45,129 +36,6 @@ EXIT_CODES = f"""exit codes:
   3  rayship logs: the job has written no logs yet;  4: no such process or attempt
   {kube.EXIT_UNREACHABLE}  the API server could not be reached: refused, no answer, unknown host, TLS failed
 """
-
-
-class InputError(Exception):
-    """A file that cannot be read or parsed."""
-
-
-def load_documents(path: str) -> Iterator[tuple[str, Any]]:
-    """(label, document) for each non-empty YAML document in `path` ('-' for stdin)."""
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    except OSError as err:
-        raise InputError(f"{path}: cannot read: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not a text file (expected YAML or JSON)") from None
-    try:
-        docs = [d for d in yamlio.load_all(text) if d is not None]
-    except yaml.YAMLError as err:
-        where = getattr(err, "problem_mark", None)
-        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
-        problem = getattr(err, "problem", None) or str(err)
-        raise InputError(f"{path}: not valid YAML{at}: {problem}") from None
-    if not docs:
-        raise InputError(f"{path}: no documents found (expected a TrainingJob)")
-    for index, doc in enumerate(docs):
-        yield (path if len(docs) == 1 else f"{path} (document {index + 1})"), doc
-
-
-def render_documents(docs: list[tuple[str, Any]], config: OperatorConfig) -> list[dict[str, Any]]:
-    objects: list[dict[str, Any]] = []
-    errors: list[str] = []
-    for label, doc in docs:
-        try:
-            obj = parse(doc)
-        except SpecError as err:
-            errors.extend(f"{label}: {p}" for p in err.problems)
-            continue
-        if isinstance(obj, api.TrainingJob):
-            for warning in trainingjob.secret_looking_env(obj):
-                print(f"warning: {label}: {warning}", file=sys.stderr)
-            objects.extend(trainingjob.render_trainingjob(obj, config))
-        elif isinstance(obj, api.ModelService):
-            from rayship.controller import (
-                modelservice,  # on first use: a TrainingJob's render does without it
-            )
-
-            volume = obj.spec.storage.pvc if obj.spec.storage else None
-            model = _offline_model(obj, label)
-            objects.extend(modelservice.network_policy(obj, config))
-            objects.append(modelservice.desired_rayservice(obj, config, model, volume))
-        elif isinstance(obj, api.TrainingSchedule):
-            objects.extend(_next_run(obj, doc, label, config))
-    if errors:
-        raise SpecError(errors)
-    return objects
-
-
-def _next_run(ts: api.TrainingSchedule, doc: Any, label: str, config: OperatorConfig) -> list[dict[str, Any]]:
-    """The TrainingJob a schedule's next run would be (its data's placeholders filled in for that
-    time), and the objects it renders to."""
-    from rayship.controller import trainingschedule
-
-    now = datetime.now(UTC)
-    due = trainingschedule.next_after(ts.spec.schedule, ts.spec.time_zone, now)
-    if due is None:
-        raise SpecError(
-            [f"{label}: spec.schedule: {ts.spec.schedule!r} has no time due in the next five years"]
-        )
-    run = trainingschedule.build_run(ts, {"metadata": ts.metadata.model_dump()}, due)
-    del run["metadata"]["ownerReferences"]  # the schedule's uid is the API server's to give
-    print(
-        f"note: {label}: the next run of TrainingSchedule {ts.metadata.name}, due at {due:%Y-%m-%dT%H:%M:%SZ}: "
-        "the operator makes one TrainingJob per time due",
-        file=sys.stderr,
-    )
-    return [run, *trainingjob.render_trainingjob(parse_trainingjob(run), config)]
-
-
-def _offline_model(ms: api.ModelService, label: str) -> modelservice.Model:
-    """`model.uri` (or each of `models`), a stand-in for `fromTrainingJob` (the real URI is known once
-    the job succeeds)."""
-    from rayship.controller import modelservice
-
-    sources = {modelservice.ONE: ms.spec.model} if ms.spec.models is None else ms.spec.models
-    out: dict[str, str] = {}
-    for name, source in sources.items():
-        assert source is not None  # the API guarantees exactly one of model and models
-        if source.uri:
-            out[name] = source.uri
-            continue
-        where = "model" if name == modelservice.ONE else f"models.{name}"
-        if (schedule := source.from_training_schedule) is not None:
-            print(
-                f"note: {label}: {where}.fromTrainingSchedule is resolved by the operator to the run TrainingSchedule "
-                f"{schedule.name} promoted last; the RayService below shows a stand-in model URI",
-                file=sys.stderr,
-            )
-            out[name] = (
-                f"trainingschedule://{ms.metadata.namespace or 'default'}/{schedule.name}/{schedule.checkpoint}"
-            )
-            continue
-        ref = source.from_training_job
-        assert ref is not None
-        print(
-            f"note: {label}: {where}.fromTrainingJob is resolved by the operator once TrainingJob {ref.name} "
-            "succeeds; the RayService below shows a stand-in model URI",
-            file=sys.stderr,
-        )
-        out[name] = f"trainingjob://{ms.metadata.namespace or 'default'}/{ref.name}/{ref.checkpoint}"
-    return out if ms.spec.models is not None else out[modelservice.ONE]
-
-
-def _emit(objects: list[dict[str, Any]], output: str) -> str:
-    if output == "json":
-        payload = objects[0] if len(objects) == 1 else {"apiVersion": "v1", "kind": "List", "items": objects}
-        return json.dumps(payload, indent=2) + "\n"
-    return yaml.dump_all(objects, Dumper=Dumper, sort_keys=False, width=120)
-
-
-def cmd_render(args: argparse.Namespace) -> int:
-    config = from_environment()
-    docs = list(load_documents(args.file))
-    sys.stdout.write(_emit(render_documents(docs, config), args.output))
-    return 0
 
 
 def _workloads() -> Any:
@@ -414,12 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     cluster = cluster_flags()
 
-    p = sub.add_parser(
-        "render", help="print the KubeRay objects a TrainingJob or ModelService becomes (offline)"
-    )
-    p.add_argument("-f", "--file", required=True, help="TrainingJob YAML/JSON file, or - for stdin")
-    p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format")
-    p.set_defaults(func=cmd_render)
+    render.add_parser(sub)
 
     p = sub.add_parser("run", help="train a TrainingJob on local Ray (GPUs scaled down to CPU if absent)")
     p.add_argument("-f", "--file", required=True, help="TrainingJob YAML/JSON file, or - for stdin")

@@ -23,6 +23,7 @@ import urllib3
 import yaml
 
 from rayship import api
+from rayship.api import yamlio
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # bad input, a missing object, a refused request, a kubeconfig that cannot be used
@@ -51,6 +52,15 @@ class Connection:
 
     def namespace_or_default(self, namespace: str | None) -> str:
         return namespace or self.namespace
+
+
+def _text_of(err: yaml.YAMLError) -> str | None:
+    """The text of the file a YAML error is in (the kubernetes client reads the file as a stream
+    named by its path), to show the line it points at."""
+    name = str(getattr(getattr(err, "problem_mark", None), "name", "") or "")
+    with contextlib.suppress(OSError, ValueError):
+        return Path(name).read_text(errors="replace") if name and Path(name).is_file() else None
+    return None
 
 
 def kubeconfig_paths(flag: str | None) -> list[str]:
@@ -96,10 +106,7 @@ def connect(kubeconfig: str | None, context: str | None) -> Connection:
     except kubernetes.config.ConfigException as err:
         raise ClusterError(f"kubeconfig {where}: {_config_problem(err)}") from None
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or err
-        raise ClusterError(f"kubeconfig {where}: not valid YAML{at}: {problem}") from None
+        raise ClusterError(f"kubeconfig {where}: {yamlio.explain(err, _text_of(err))}") from None
     except (AttributeError, TypeError, KeyError) as err:  # YAML, not of a kubeconfig's shape
         raise ClusterError(
             f"kubeconfig {where}: not a valid kubeconfig ({type(err).__name__}: {err})"

@@ -100,7 +100,8 @@ IMMUTABLE = f"delete and re-create the TrainingJob to apply the fields edited af
 
 MODELSERVICE_STEPS: dict[str, str] = {
     "InvalidSpec": INVALID,
-    "TrainingJobNotFound": "create the TrainingJob it names (spec.model.fromTrainingJob.name), or fix the name",
+    "TrainingJobNotFound": "create the TrainingJob it names (spec.model.fromTrainingJob.name), or fix the name "
+    "(the message names those that exist and the closest one)",
     "TrainingJobNotSucceeded": "wait for the TrainingJob it serves from to succeed: rayship status tj/{model} -n {ns}",
     "TrainingJobFailed": "the TrainingJob it serves from failed: rayship status tj/{model} -n {ns}",
     "TrainingJobDeleted": "the TrainingJob it served from was deleted: it keeps serving; name another model",

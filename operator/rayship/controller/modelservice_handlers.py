@@ -13,8 +13,8 @@ import kopf
 from rayship import api
 from rayship.api import names
 from rayship.controller import modelservice
-from rayship.controller.process import in_thread, namespaced, of
-from rayship.controller.reconcile import Controller
+from rayship.controller.process import Index, in_thread, namespaced, of
+from rayship.controller.reconcile import Controller, Reconciler
 
 # While a model rolls out, Serve is asked this often whether it runs the new model (KubeRay's status
 # may not change when the rollout ends, so no event would tell).
@@ -39,20 +39,35 @@ SERVING = Controller(
     announce=modelservice.announce,
     probe=modelservice.serve_probe,
     heard=modelservice.heard,
+    missing=modelservice.missing_related,
+    existing=modelservice.with_existing,
 )
+
+
+def _serving(memo: kopf.Memo, trainingjobs_seen: Index | None) -> Reconciler:
+    """The process's reconciler, handed kopf's index of TrainingJobs: a service waiting for one that
+    does not exist says those of its namespace from it, with no API call."""
+    reconciler = of(memo).reconciler
+    if trainingjobs_seen is not None:
+        reconciler.listed[api.TRAININGJOBS[2]] = trainingjobs_seen
+    return reconciler
 
 
 @kopf.on.resume(*api.MODELSERVICES, id="resume")
 @kopf.on.create(*api.MODELSERVICES, id="create")
 @kopf.on.update(*api.MODELSERVICES, id="update")
 @in_thread
-def modelservice_changed(*, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    of(memo).reconciler.reconcile(SERVING, namespaced(namespace), name)
+def modelservice_changed(
+    *, namespace: str | None, name: str, memo: kopf.Memo, trainingjobs_seen: Index | None = None, **_: Any
+) -> None:
+    _serving(memo, trainingjobs_seen).reconcile(SERVING, namespaced(namespace), name)
 
 
 @in_thread
-def modelservice_resync(*, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    of(memo).reconciler.reconcile(SERVING, namespaced(namespace), name)
+def modelservice_resync(
+    *, namespace: str | None, name: str, memo: kopf.Memo, trainingjobs_seen: Index | None = None, **_: Any
+) -> None:
+    _serving(memo, trainingjobs_seen).reconcile(SERVING, namespaced(namespace), name)
 
 
 def register_resync(interval: float) -> None:

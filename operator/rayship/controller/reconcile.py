@@ -22,6 +22,8 @@ from rayship.controller.kopf_storage import kept, unpacked
 
 log = logging.getLogger("rayship")
 CONFLICT_RETRIES = 5
+# kopf's index of a kind's objects by (namespace, name) (what it holds of each is not read here).
+NameIndex = kopf.Index[tuple[str | None, str], Any]
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,11 @@ class Controller:
     # (pure: which, if any), and how its answer (HTTP code, body) goes into the plan.
     probe: Callable[[Plan, Mapping[str, Any] | None, OperatorConfig], Probe | None] = lambda *_: None
     heard: Callable[[Plan, int, str], Plan] = lambda plan, *_: plan
+    # A plan waiting for an object it names that does not exist says which of that kind do (a
+    # ModelService's TrainingJob: those of the namespace): the kind it misses, if any (pure), and how
+    # their names go into the plan. Read from a watch's index where one is held (`Reconciler.listed`).
+    missing: Callable[[Plan], api.Resource | None] = lambda _plan: None
+    existing: Callable[[Plan, Sequence[str]], Plan] = lambda plan, _names: plan
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,9 @@ class Reconciler:
         self.config = config
         self.running: dict[int, tuple[str, float]] = {}  # thread -> (what, monotonic start)
         self.terminating: dict[str, kopf.Index[str, bool]] = {}  # "namespaces": kopf's live index
+        # kopf's live indexes by (namespace, name) of the kinds a plan may miss (`Controller.missing`), by
+        # plural (e.g. "trainingjobs"), handed over by the handlers: without one, a namespace is LISTed.
+        self.listed: dict[str, NameIndex] = {}
         # A reconcile that works from the watches remembers its last status write, (kind, namespace, name) ->
         # (the resourceVersion it wrote over, the object the API server returned, `kept`), until a reconcile
         # sees a newer version (`with_own_write`; the resync reconciles every object, so an entry lasts at
@@ -105,6 +115,14 @@ class Reconciler:
             return replace(seen, obj=unpacked(mine[1]))
         self.written.pop((kind, namespace, name), None)
         return seen
+
+    def names_in(self, resource: api.Resource, namespace: str) -> list[str]:
+        """The names of the objects of a kind in a namespace: from kopf's index where one is held, else
+        from one LIST."""
+        index = self.listed.get(resource[2])
+        if index is not None:
+            return sorted(name for ns, name in list(index) if ns == namespace)
+        return sorted(o["metadata"]["name"] for o in k8s.list_objects(resource, namespace, ""))
 
     def reconcile(self, ctl: Controller, namespace: str, name: str, seen: Seen | None = None) -> None:
         """Bring the child in line with the resource, then mirror the child's state into the resource's
@@ -150,6 +168,8 @@ class Reconciler:
             # watch may lag behind a child just made, so ask the API server before acting on it.
             child = k8s.get(ctl.child, namespace, ctl.child_name(name))
             todo = ctl.plan(obj, child, related, config)
+        if (kind := ctl.missing(todo)) is not None:
+            todo = ctl.existing(todo, self.names_in(kind, namespace))
         owner = kopf.Body(cast(kopf.RawBody, obj))  # a raw object as read from the API
         try:
             child = _carry_out(ctl, owner, obj, child, todo)

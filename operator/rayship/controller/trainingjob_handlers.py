@@ -118,6 +118,7 @@ def _keep_kopf_views(
     if process.kopf_context is None:
         process.kopf_context = contextvars.copy_context()
     process.watched.update(trainingjobs=trainingjobs_seen, rayjobs=rayjobs_seen, claims=claims_seen)
+    process.reconciler.listed.update(trainingjobs=trainingjobs_seen)  # a ModelService's missing job
 
 
 def _submit(process: OperatorProcess, task: Callable[[], None]) -> None:

@@ -42,8 +42,10 @@ from rayship.controller.modelservice.phase import (
     status,
 )
 from rayship.controller.modelservice.planner import (
+    missing_related,
     plan,
     served_models,
+    with_existing,
 )
 from rayship.controller.modelservice.rayservice import (
     ModelVolumes,
@@ -76,6 +78,7 @@ from rayship.controller.modelservice.source import (
     resolve,
     resolve_model,
     resolve_source,
+    trainingjob_not_found,
 )
 
 __all__ = [
@@ -123,6 +126,9 @@ __all__ = [
     "ServiceContext",
     "served_models",
     "plan",
+    "missing_related",
+    "with_existing",
+    "trainingjob_not_found",
     "ANY",
     "SERVING_TABLE",
     "SERVING_DEFAULT_MESSAGE",

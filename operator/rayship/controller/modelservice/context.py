@@ -41,6 +41,7 @@ class ServiceContext:
     served: dict[str, str] = field(default_factory=dict)
     serve: ServeState | None = None  # Serve's own answer, when it was asked (`serve_probe`)
     multi: bool = False  # spec.models (status.models) rather than spec.model (status.modelURI)
+    namespace: str = ""  # the service's (a TrainingJob it names is looked for there)
 
     @property
     def desired_uri(self) -> str | None:

@@ -26,7 +26,7 @@ from rayship.controller.modelservice.rayservice import (
     service_url,
 )
 from rayship.controller.modelservice.serve_probe import token_secret
-from rayship.controller.modelservice.source import ONE, model_status_by_name, resolve
+from rayship.controller.modelservice.source import ONE, model_status_by_name, resolve, trainingjob_not_found
 
 
 def served_models(current: Mapping[str, Any], multi: bool) -> dict[str, str]:
@@ -70,6 +70,7 @@ def plan(
         application=ms.metadata.name,
         served=served_models(current, multi),
         multi=multi,
+        namespace=ms.metadata.namespace or "",
     )
     if desired_models is None:
         return Plan(name, context=context)
@@ -88,6 +89,32 @@ def plan(
             context=context,
         )
     return _update(ms, rayservice, desired, model, context, config)
+
+
+def missing_related(todo: Plan) -> api.Resource | None:
+    """`Controller.missing`: TrainingJobs, when a TrainingJob the service names does not exist (the
+    reconcile then tells `with_existing` those of the namespace)."""
+    ctx = todo.context
+    if isinstance(ctx, ServiceContext) and ctx.resolution is not None:
+        if any(r.missing for r in ctx.resolution.each.values()):
+            return api.TRAININGJOBS
+    return None
+
+
+def with_existing(todo: Plan, existing: Sequence[str]) -> Plan:
+    """`Controller.existing`: the plan whose missing TrainingJobs are said with those that do exist in
+    the namespace (`existing`), and the closest name."""
+    ctx = todo.context
+    if missing_related(todo) is None:
+        return todo
+    resolved = ctx.resolution
+    each = {
+        name: replace(r, message=trainingjob_not_found(r.missing, ctx.namespace, existing))
+        if r.missing
+        else r
+        for name, r in resolved.each.items()
+    }
+    return replace(todo, context=replace(ctx, resolution=replace(resolved, each=each)))
 
 
 def _update(

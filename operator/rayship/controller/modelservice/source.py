@@ -4,7 +4,8 @@ service that already resolved a model keeps serving it when its TrainingJob is d
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -17,6 +18,7 @@ class Resolution:
     reason: str  # condition reason for ModelAvailable
     message: str
     volume: api.PvcStorage | None = None  # the PVC the model is read from (mounted read-only)
+    missing: str | None = None  # the TrainingJob named that does not exist (reason TrainingJobNotFound)
 
 
 def _still_serving(served: str, volume: api.PvcStorage | None, reason: str, why: str) -> Resolution:
@@ -59,7 +61,9 @@ def resolve_source(
             return _still_serving(
                 served, served_volume, "TrainingJobDeleted", f"TrainingJob {ref.name} was deleted"
             )
-        return Resolution(None, "TrainingJobNotFound", f"TrainingJob {ref.name} does not exist (yet)")
+        return Resolution(
+            None, "TrainingJobNotFound", f"TrainingJob {ref.name} does not exist (yet)", missing=ref.name
+        )
     tj_status = trainingjob.get("status") or {}
     phase = tj_status.get("phase") or "Pending"
     if phase != "Succeeded":
@@ -89,6 +93,23 @@ def resolve_source(
         f"serving the {ref.checkpoint} model of TrainingJob {ref.name}: {uri}",
         _job_volume(trainingjob),
     )
+
+
+# The TrainingJobs of the namespace a TrainingJobNotFound message names, at most.
+NAMES_SHOWN = 10
+
+
+def trainingjob_not_found(name: str, namespace: str, existing: Sequence[str]) -> str:
+    """Why a service waits for TrainingJob `name`, with the TrainingJobs that do exist in its namespace
+    (the first NAMES_SHOWN) and the closest one: a typo otherwise waits forever."""
+    found = f"TrainingJob {name} does not exist (yet) in namespace {namespace}"
+    names = sorted(set(existing))
+    if not names:
+        return f"{found}; there is no TrainingJob there"
+    guess = difflib.get_close_matches(name, names, n=1)
+    there = f"did you mean {guess[0]}? TrainingJobs there" if guess else "TrainingJobs there"
+    more = f" and {len(names) - NAMES_SHOWN} more" if len(names) > NAMES_SHOWN else ""
+    return f"{found}; {there}: {', '.join(names[:NAMES_SHOWN])}{more}"
 
 
 def _from_schedule(
