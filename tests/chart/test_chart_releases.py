@@ -1,7 +1,7 @@
 """Two releases of the chart side by side (one per team, each in its own namespace, watching its own
 namespaces): nothing of one is named like anything of the other (kubectl, and helm's ownership
 check, would refuse the second), each operator binds its own release's ClusterRole, and their
-admission policies agree. The real install: tests/controlplane/test_chart_releases.py."""
+admission policies agree. The real install: tests/controlplane/test_two_releases.py."""
 
 from __future__ import annotations
 
