@@ -55,10 +55,12 @@ def provisioner(kubeconfig: Path, volumes: Path, interval: float = 1.0) -> None:
                     annotations.get("pv.kubernetes.io/provisioned-by") == PROVISIONER
                     and pv.status.phase == "Released"
                 ):
-                    with contextlib.suppress(ApiException):
-                        core.delete_persistent_volume(pv.metadata.name)
+                    # its folder first: once the PV is gone its storage is (the folder removed after
+                    # the PV left a moment where a reader saw no PV and the folder still there)
                     if pv.spec.host_path and Path(pv.spec.host_path.path).parent == volumes:
                         shutil.rmtree(pv.spec.host_path.path, ignore_errors=True)
+                    with contextlib.suppress(ApiException):
+                        core.delete_persistent_volume(pv.metadata.name)
                     print(f"deleted released {pv.metadata.name}", flush=True)
         except Exception as err:  # noqa: BLE001  (keep running: the apiserver may be restarting)
             print(f"provisioner: {err}", flush=True)
