@@ -95,9 +95,23 @@ def processes_mentioning(text: str) -> list[int]:
     return [pid for pid in found if pid != os.getpid()]
 
 
+def cgroup_folders(name: str, root: Path = Path("/sys/fs/cgroup")) -> list[Path]:
+    """Every cgroup folder called `name`, at any depth of each hierarchy: dockerd's --cgroup-parent is
+    made at the top of some controllers and, where the build itself runs in a nested cgroup (a memory
+    hierarchy's /process_api/<id> here), below that one."""
+    found: dict[Path, Path] = {}
+    for hierarchy in root.iterdir():
+        if hierarchy.is_symlink() or not hierarchy.is_dir():
+            continue  # cpu -> cpu,cpuacct: the same hierarchy under another name
+        for folder in hierarchy.rglob(name):
+            if folder.is_dir():
+                found.setdefault(folder.resolve(), folder)
+    return sorted(found.values())
+
+
 def remove_cgroups(name: str, log: LOG) -> None:
     """The cgroup folders dockerd and runc created under each controller (empty once they stop)."""
-    for top in Path("/sys/fs/cgroup").glob(f"*/{name}"):
+    for top in cgroup_folders(name):
         folders = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
         for folder in [*folders, top]:
             try:

@@ -662,3 +662,19 @@ def test_save_into_a_file_is_one_line_naming_it(
     err = capsys.readouterr().err.strip()
     assert err == f"images: --save {tmp_path / 'afile'}: File exists: name a folder to write the archives in"
     assert not (tmp_path / "cache").exists()
+
+
+def test_the_builds_cgroups_are_found_nested_too(tmp_path: Path) -> None:
+    """dockerd's --cgroup-parent lands at the top of some hierarchies and below the build's own cgroup
+    in others (here: memory/process_api/<id>/rayship-images, left behind while only the top was
+    looked at); a hierarchy linked under a second name (cpu -> cpu,cpuacct) counts once."""
+    from images.processes import cgroup_folders
+
+    (tmp_path / "cpu,cpuacct" / "rayship-images" / "abc").mkdir(parents=True)
+    (tmp_path / "cpu").symlink_to(tmp_path / "cpu,cpuacct")
+    (tmp_path / "memory" / "process_api" / "6c4a" / "rayship-images").mkdir(parents=True)
+    (tmp_path / "pids" / "other").mkdir(parents=True)
+    assert cgroup_folders("rayship-images", tmp_path) == [
+        tmp_path / "cpu,cpuacct" / "rayship-images",
+        tmp_path / "memory" / "process_api" / "6c4a" / "rayship-images",
+    ]
