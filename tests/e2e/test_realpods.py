@@ -113,11 +113,13 @@ with torch.no_grad():
 """
 
 
-def predict_in_pod(cluster, kube: Kube, model: str, rows: list[list[float]]) -> tuple[list[list[float]], Any]:
+def predict_in_pod(
+    cluster, kube: Kube, model: str, rows: list[list[float]], service: str = SERVING
+) -> tuple[list[list[float]], Any]:
     """(rows cut to the model's features, its outputs for them), computed apart from Serve: the
     model loaded from the PVC by a plain python in a serving pod (the pods' user: the run's checkpoint
     key is trusted only by the user that wrote it)."""
-    cluster_name = kube.status(RS, names.rayservice_name(SERVING))["activeServiceStatus"]["rayClusterName"]
+    cluster_name = kube.status(RS, names.rayservice_name(service))["activeServiceStatus"]["rayClusterName"]
     pod = kube.pods(f"ray.io/cluster={cluster_name},ray.io/node-type=head")[0].metadata.name
     out = cluster.kubectl("exec", "-n", kube.namespace, pod, "--", "python", "-c", LOCAL_PREDICT, model,
                           json.dumps(rows)).stdout  # fmt: skip
@@ -1075,50 +1077,106 @@ def test_what_users_hit_first_is_named_in_the_status_with_the_pod(real_node, ope
         gone("too-small")
 
 
-def test_own_code_from_a_zip_served_inside_the_cluster(real_node, operator, kube: Kube) -> None:
-    """Scenario 6: examples/byo-loop as users ship it to a cluster: runtimeEnv.workingDir a zip of the
-    folder, here served over HTTP by a pod of the cluster (a ConfigMap holding it) at its Service's
-    DNS name; the driver and both workers run the user's own loop from it and the job succeeds."""
-    import base64
-    import io
-    import zipfile
+EXAMPLES = SAMPLES.parent.parent / "examples"
 
-    folder = SAMPLES.parent.parent / "examples" / "byo-loop"
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as archive:
-        for name in ("train_loop.py", "houses.csv"):
-            archive.write(folder / name, name)
-    kube.core.create_namespaced_config_map(
-        kube.namespace,
-        {"metadata": {"name": "code"}, "binaryData": {"byo-loop.zip": base64.b64encode(buf.getvalue()).decode()}},
+
+def cut_to_the_node(folder: Path, into: Path) -> Path:
+    """An example's folder as shipped, its YAML's sizes cut to the node (as every scenario here cuts
+    the samples'): heads and workers of half a CPU, Serve replicas of a fraction. Code, data and every
+    other field as shipped; no namespace in the YAML (`rayship apply -n` gives it)."""
+    import shutil
+
+    copy = shutil.copytree(folder, into / folder.name)
+    for path in copy.glob("*.yaml"):
+        doc = yaml.safe_load(path.read_text())
+        spec = doc["spec"]
+        assert "namespace" not in doc["metadata"], f"{path.name}: an example takes its namespace from -n"
+        if doc["kind"] == "TrainingJob":
+            spec.update(head=SMALL_TRAINING["head"], ttlSecondsAfterFinished=5)
+            spec["workers"].update(cpusPerWorker=0.5, memoryPerWorker="2Gi")
+        else:
+            spec.update(SMALL_SERVICE)
+            for deployment in spec.get("deployments", {}).values():
+                deployment.setdefault("rayActorOptions", {})["numCpus"] = 0.1
+                deployment.get("autoscaling", {}).update(maxReplicas=1)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return copy
+
+
+def rayship_apply(cluster, kube: Kube, folder: Path) -> str:
+    """`rayship apply -f FOLDER -n NS`, as a user runs it (the cluster's workload image for the pod that
+    puts the code on the claim, as the chart here configures the operator's default)."""
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
+           "RAYSHIP_DEFAULT_IMAGE": f"rayship/rayship-workloads:{__version__}-cpu"}  # fmt: skip
+    done = subprocess.run(
+        [str(controlplane.VENV_BIN / "rayship"), "apply", "-f", str(folder), "-n", kube.namespace],
+        env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    server = {
-        "name": "http", "image": f"rayship/rayship-operator:{__version__}", "imagePullPolicy": "Never",
-        "command": ["python", "-m", "http.server", "8080", "--directory", "/srv"],
-        "volumeMounts": [{"name": "code", "mountPath": "/srv"}],
-        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
-        "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
-    }  # fmt: skip
-    kube.core.create_namespaced_pod(kube.namespace, {
-        "metadata": {"name": "code", "labels": {"app": "code"}},
-        "spec": {"containers": [server], "volumes": [{"name": "code", "configMap": {"name": "code"}}]},
-    })  # fmt: skip
-    kube.core.create_namespaced_service(
-        kube.namespace, {"metadata": {"name": "code"}, "spec": {"selector": {"app": "code"}, "ports": [{"port": 80, "targetPort": 8080}]}}
-    )  # fmt: skip
-    doc = yaml.safe_load((folder / "trainingjob.yaml").read_text())
-    doc["metadata"] = {"name": "houses", "namespace": kube.namespace}
-    doc["spec"]["runtimeEnv"]["workingDir"] = (
-        f"http://code.{kube.namespace}.svc.{realnode.CLUSTER_DOMAIN}/byo-loop.zip"
-    )
-    doc["spec"].update(head=SMALL_TRAINING["head"], ttlSecondsAfterFinished=5)
-    doc["spec"]["workers"].update(cpusPerWorker=0.5, memoryPerWorker="2Gi")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_rayship_apply_runs_the_examples_own_code_on_real_pods(
+    real_node, operator, kube: Kube, tmp_path: Path
+) -> None:
+    """Scenario 6: examples/byo-loop and examples/pipeline as shipped (sizes cut to the node), through
+    `rayship apply -f FOLDER`: each folder is packed into a zip named by its content hash and put on the
+    namespace's checkpoint claim by a short-lived pod, the objects applied pointing at it. The user's
+    own Ray Train loop trains on two worker pods from that zip; the user's own Serve application
+    (Preprocess -> Model) serves the model the pipeline's TrainingJob trained, from its zip; a second
+    apply of an unchanged folder sends nothing."""
+    from rayship import codepack
+
+    cluster = real_node
+    byo = cut_to_the_node(EXAMPLES / "byo-loop", tmp_path)
     t0 = time.monotonic()
-    real_node.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+    said = rayship_apply(cluster, kube, byo)
+    package = codepack.pack(byo, "f")
+    assert f"uploaded: {package.name}" in said and "trainingjob.rayship.dev/houses created" in said, said
+    assert (claim_folder(kube) / codepack.CODE_FOLDER / package.name).read_bytes() == package.data
+    assert not kube.pods(f"{names.LABEL_COMPONENT}=code-upload"), "the pod that put the code there is gone"
+    applied = kube.get(TJ, "houses") or {}
+    assert (
+        applied["spec"]["runtimeEnv"]["workingDir"] == f"file:///mnt/checkpoints/rayship-code/{package.name}"
+    )
+    again = rayship_apply(cluster, kube, byo)
+    assert (
+        f"already there: {package.name}" in again and "trainingjob.rayship.dev/houses unchanged" in again
+    ), again
     wait_for(
         lambda: phase(kube, TJ, "houses", "Succeeded") == "Succeeded", 420, what="the own loop Succeeded"
     )
     status = kube.status(TJ, "houses")
-    assert status["progress"]["epoch"] == doc["spec"]["trainer"]["epochs"], status["progress"]
-    assert "evalLoss" in status["progress"]["metrics"], status["progress"]  # the user's loop reported it
-    print(f"own code from an in-cluster zip: Succeeded in {time.monotonic() - t0:.0f}s")
+    assert status["progress"]["epoch"] == 8 and "evalLoss" in status["progress"]["metrics"], status[
+        "progress"
+    ]
+    print(f"own loop from `rayship apply`: Succeeded in {time.monotonic() - t0:.0f}s")
+
+    t0 = time.monotonic()
+    said = rayship_apply(cluster, kube, cut_to_the_node(EXAMPLES / "pipeline", tmp_path))
+    assert "modelservice.rayship.dev/pipeline created" in said and "pipeline-mlp created" in said, said
+    wait_for(
+        lambda: phase(kube, TJ, "pipeline-mlp", "Succeeded") == "Succeeded", 420, what="the pipeline's job"
+    )
+    wait_for(lambda: phase(kube, MS, "pipeline", "Ready") == "Ready", 420, what="the own Serve app Ready")
+    model = kube.status(TJ, "pipeline-mlp")["checkpoint"]["model"]
+    assert kube.status(MS, "pipeline")["modelURI"] == model
+    rows = [[0.1 * (i + j) for i in range(8)] for j in range(3)]
+    _, expected = predict_in_pod(cluster, kube, model, rows, service="pipeline")
+    path = (
+        f"/api/v1/namespaces/{kube.namespace}/services/{names.rayservice_name('pipeline')}-serve-svc:serve"
+        "/proxy/pipeline"
+    )
+
+    def predict() -> dict[str, Any] | None:
+        res = cluster.kubectl(
+            "create", "--raw", path, "-f", "-", input=json.dumps({"instances": rows}), check=False
+        )
+        return json.loads(res.stdout) if res.returncode == 0 else None
+
+    served = wait_for(predict, 60, what=f"a prediction through {path}")["predictions"]
+    flat = [y for row in served for y in row]  # mean 0 and scale 1: Preprocess hands the rows on as they are
+    assert flat == pytest.approx([y for row in expected for y in row], rel=1e-5, abs=1e-6), (served, expected)
+    print(
+        f"own Serve app from `rayship apply`: trained, Ready and predicting in {time.monotonic() - t0:.0f}s"
+    )

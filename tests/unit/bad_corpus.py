@@ -293,8 +293,14 @@ SPEC_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
         ),
         "a learningRate range starts above 0",
     ),
-    # spec.runtimeEnv (issue 12): a local folder only for `rayship run`, no secrets in plain envVars
-    ("runtime-env-local-folder-in-cluster", _set("spec.runtimeEnv", {"workingDir": "."}), "spec.runtimeEnv"),
+    # spec.runtimeEnv (issue 12): a local folder only for `rayship run` and `rayship apply` (the API
+    # server refuses any, naming the field; rayship packs one that exists, and names one that does not),
+    # a file:// zip only on the job's claim, no secrets in plain envVars
+    (
+        "runtime-env-local-folder-in-cluster",
+        _set("spec.runtimeEnv", {"workingDir": "no-such-folder"}),
+        "spec.runtimeEnv",
+    ),
     (
         "runtime-env-secret-looking-var",
         _set("spec.runtimeEnv", {"envVars": {"HF_TOKEN": "hf_abc"}}),

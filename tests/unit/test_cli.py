@@ -245,11 +245,14 @@ def test_render_ships_the_runtime_env_and_refuses_a_local_folder(tmp_path: Path,
         ref = {"secretKeyRef": {"name": secret["metadata"]["name"], "key": "runtime-env.LOG_LEVEL"}}
         assert {"name": "LOG_LEVEL", "valueFrom": ref} in container["env"]
     assert secret["stringData"]["runtime-env.LOG_LEVEL"] == "debug"
+    # a local folder: packed onto the checkpoint claim (`rayship apply` uploads it), said on stderr
     doc["spec"]["runtimeEnv"]["workingDir"] = "."
     path.write_text(yaml.safe_dump(doc))
     code, out, err = run(capsys, "render", "-f", str(path))
-    assert (code, out) == (1, "")
-    assert "spec.runtimeEnv: runtimeEnv.workingDir: in a cluster it must be a zip archive's URI" in err
+    *_, rayjob = list(yaml.safe_load_all(out))
+    working_dir = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])["working_dir"]
+    assert code == 0 and working_dir.startswith("file:///mnt/checkpoints/rayship-code/"), err
+    assert f"spec.runtimeEnv.workingDir {tmp_path} is packed (1 file) as {working_dir}" in err
 
 
 def test_operator_with_a_bad_setting_says_which_in_one_line_before_it_starts(capsys, monkeypatch) -> None:

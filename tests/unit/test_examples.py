@@ -1,73 +1,76 @@
-"""The shipped TrainingJob examples (examples/*/trainingjob.yaml), one per tutorial flow: each is valid
-for `rayship run` as shipped, and `rayship render` shows its cluster side after exactly the changes
-its header comment (and the README) names. The render is checked strictly against the KubeRay CRD and
-KubeRay's rules and kept as a golden file; the changed document passes the generated CRD."""
+"""The shipped examples (examples/*/), one per tutorial flow: each TrainingJob is valid for `rayship run`
+as shipped, and each folder renders for a cluster as shipped (`rayship render -f examples/X/`): a local
+runtimeEnv.workingDir packed onto the checkpoint claim, as `rayship apply` uploads it. The render is
+checked strictly against the generated CRDs, KubeRay's CRDs and KubeRay's rules and kept as a golden
+file."""
 
 from __future__ import annotations
 
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from rayship import cli
-from rayship.api.validation import parse, parse_trainingjob
+from rayship.api.validation import parse
+from rayship.cli.render import read, render_documents, with_code
 from rayship.config import OperatorConfig
-from rayship.controller import trainingjob
 from tests.conftest import ROOT, SAMPLES, rayship_samples
-from tools.kuberay_rules import rayjob_violations
+from tools.kuberay_rules import rayjob_violations, rayservice_violations
 
 GOLDEN = Path(__file__).parent / "golden"
-EXAMPLES = sorted((ROOT / "examples").glob("*/trainingjob.yaml"))
-# What a cluster needs changed in each example, as its header says (spec paths, dotted).
-FOR_A_CLUSTER: dict[str, dict[str, Any]] = {
-    "byo-loop": {"runtimeEnv.workingDir": "s3://bucket/code/byo-loop.zip"},
-    "lm-finetune": {"data.uri": "/mnt/checkpoints/datasets/corpus.jsonl"},
-    "tune-asha": {},
-    "tune-pbt": {},
-}
+EXAMPLES = sorted(p for p in (ROOT / "examples").iterdir() if p.is_dir())
+# The examples whose folder is their code (runtimeEnv.workingDir: .), packed for a cluster.
+SHIPS_ITS_FOLDER = {"byo-loop", "lm-finetune", "pipeline"}
 
 
-def for_a_cluster(path: Path) -> dict[str, Any]:
-    doc = yaml.safe_load(path.read_text())
-    for dotted, value in FOR_A_CLUSTER[path.parent.name].items():
-        node = doc["spec"]
-        *parents, last = dotted.split(".")
-        for key in parents:
-            node = node[key]
-        node[last] = value
-    return doc
+def test_every_example_is_here() -> None:
+    assert {p.name for p in EXAMPLES} == SHIPS_ITS_FOLDER | {"tune-asha", "tune-pbt"}
 
 
-def test_every_example_says_what_a_cluster_needs() -> None:
-    assert {p.parent.name for p in EXAMPLES} == set(FOR_A_CLUSTER)
-
-
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.parent.name)
-def test_example_runs_locally_as_shipped_and_render_names_what_to_change(path: Path, capsys) -> None:
+@pytest.mark.parametrize(
+    "path", sorted(ROOT.glob("examples/*/trainingjob.yaml")), ids=lambda p: p.parent.name
+)
+def test_example_runs_locally_as_shipped(path: Path) -> None:
     parse(yaml.safe_load(path.read_text()), local=True)
-    code = cli.main(["render", "-f", str(path)])
-    err = capsys.readouterr().err
-    changes = FOR_A_CLUSTER[path.parent.name]
-    if not changes:
-        assert code == 0, err
-        return
-    assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    assert any(dotted.split(".")[-1] in err for dotted in changes), err
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.parent.name)
-def test_example_renders_for_a_cluster_strictly(path: Path, trainingjob_validator, rayjob_validator) -> None:
-    doc = for_a_cluster(path)
-    assert trainingjob_validator.errors(doc) == []
-    objects = trainingjob.render_trainingjob(parse_trainingjob(doc), OperatorConfig())
-    (rayjob,) = [o for o in objects if o["kind"] == "RayJob"]
-    assert rayjob_validator.errors(rayjob) == []
-    assert rayjob_violations(rayjob) == []
-    golden = GOLDEN / f"example-{path.parent.name}.rayjob.yaml"
+@pytest.mark.parametrize("folder", EXAMPLES, ids=lambda p: p.name)
+def test_example_folder_renders_for_a_cluster_as_shipped(folder: Path, capsys) -> None:
+    """`rayship render -f examples/X/`, unchanged: a local workingDir is said to be packed onto the claim
+    (and `rayship apply` to upload it), nothing else."""
+    code = cli.main(["render", "-f", str(folder)])
+    out, err = capsys.readouterr()
+    assert code == 0 and out.startswith("apiVersion"), err
+    packed = [line for line in err.splitlines() if "is packed (" in line]
+    if folder.name in SHIPS_ITS_FOLDER:
+        (line,) = packed
+        assert f"{folder} is packed" in line and "file:///mnt/checkpoints/rayship-code/" in line, line
+        assert "`rayship apply -f` uploads it" in line, line
+    else:
+        assert packed == [], err
+
+
+@pytest.mark.parametrize("folder", EXAMPLES, ids=lambda p: p.name)
+def test_example_renders_for_a_cluster_strictly(
+    folder: Path, trainingjob_validator, modelservice_validator, rayjob_validator, rayservice_validator
+) -> None:
+    """As `rayship apply` would send them: each document passes the generated CRD, each RayJob and
+    RayService KubeRay's CRD and rules; the objects are kept as a golden file."""
+    docs, shipments = with_code(read([str(folder)], False))
+    assert ({label for label in shipments} != set()) == (folder.name in SHIPS_ITS_FOLDER)
+    validators = {"TrainingJob": trainingjob_validator, "ModelService": modelservice_validator}
+    for _, doc in docs:
+        assert validators[doc["kind"]].errors(doc) == []
+    objects = render_documents(docs, OperatorConfig())
+    for obj in objects:
+        if obj["kind"] == "RayJob":
+            assert rayjob_validator.errors(obj) == [] and rayjob_violations(obj) == []
+        if obj["kind"] == "RayService":
+            assert rayservice_validator.errors(obj) == [] and rayservice_violations(obj) == []
+    golden = GOLDEN / f"example-{folder.name}.yaml"
     text = yaml.safe_dump_all(objects, sort_keys=False, width=120)
     if os.environ.get("RAYSHIP_UPDATE_GOLDEN"):
         golden.write_text(text)

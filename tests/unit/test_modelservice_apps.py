@@ -147,7 +147,11 @@ def test_builtin_server_gets_the_request_limits_and_the_services_name(rayservice
             },
             "spec.deployments.A.autoscaling.minReplicas (3) is more than spec.deployments.A.autoscaling.maxReplicas (2)",
         ),
-        ({"application": {"importPath": "p:app", "runtimeEnv": {"workingDir": "."}}}, "zip archive's URI"),
+        (
+            {"application": {"importPath": "p:app", "runtimeEnv": {"workingDir": "."}}},
+            "spec.application.runtimeEnv.workingDir: a local folder is uploaded to the claim the Ray pods "
+            "mount, and this service mounts none: set spec.storage.pvc",
+        ),
         (
             {"requestLimits": {"maxRequestBytes": 0}},
             "spec.requestLimits.maxRequestBytes: input should be greater",

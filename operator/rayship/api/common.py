@@ -51,8 +51,9 @@ CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 # Environment variable names that say they hold a secret (RE2 and Python re alike): their values
 # belong in a Secret (`env[].valueFrom.secretKeyRef`), never in the spec.
 SECRET_NAME_PATTERN = r"(?i)(pass(word)?|secret|token|api_?key|access_?key|private_?key|credential)"
-# runtimeEnv.workingDir in a cluster: a zip archive Ray downloads (a local folder only for `rayship run`).
-WORKING_DIR_URI_PATTERN = r"^(s3|gs|https?)://.+[.]zip$"
+# runtimeEnv.workingDir in a cluster: a zip archive Ray downloads, or (file://) one on a volume the Ray
+# pods mount, where `rayship apply` uploads a local folder (a local folder itself only for `rayship run`).
+WORKING_DIR_URI_PATTERN = r"^((s3|gs|https?)://.+|file:///.+)[.]zip$"
 # data.uri / data.validation.uri in a cluster: an absolute path (a mounted volume) or a URI (a
 # relative path is read from runtimeEnv.workingDir, as `rayship run` reads it beside the YAML file).
 DATA_URI_IN_CLUSTER_PATTERN = r"^(/|[a-z][a-z0-9+.-]*://)"

@@ -275,8 +275,9 @@ class RuntimeEnvSpec(ApiModel):
             "!has(self.workingDir) || self.workingDir.matches('"
             + WORKING_DIR_URI_PATTERN.replace("\\", "\\\\")
             + "')",
-            "runtimeEnv.workingDir: in a cluster it must be a zip archive's URI (s3://, gs:// or "
-            "https://..., ending in .zip); a local folder works only with `rayship run`",
+            "runtimeEnv.workingDir: in a cluster it must be a zip archive's URI (s3://, gs://, https:// or "
+            "file:// on a mounted claim, ending in .zip): `rayship apply -f` packs and uploads a local folder "
+            "(kubectl apply cannot)",
             cluster_only=True,
         ),
         CelRule(
@@ -297,9 +298,10 @@ class RuntimeEnvSpec(ApiModel):
         None,
         min_length=1,
         max_length=2048,
-        description="Your code: a local folder for `rayship run` (relative to the YAML file), a zip "
-        "archive's URI in a cluster (s3://, gs://, https://). The driver and every worker run in it, "
-        "so trainer.entrypoint's module is importable.",
+        description="Your code: a local folder (relative to the YAML file) for `rayship run` and "
+        "`rayship apply`, which packs it into a zip named by its content hash on the claim the Ray pods "
+        "mount; in a cluster, a zip archive's URI (s3://, gs://, https://, or file:// on a mounted claim). "
+        "The driver and every worker run in it, so trainer.entrypoint's module is importable.",
     )
     pip: list[Annotated[str, Field(min_length=1, max_length=512)]] = Field(
         default_factory=list,
@@ -407,6 +409,25 @@ class TrainingJobSpec(ApiModel):
             raise ValueError(
                 f"the spec is {size} bytes serialized, over the {MAX_SPEC_BYTES} the RayJob can carry: "
                 "move large values (e.g. trainer.config) into a file in the image or the checkpoint storage"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _code_on_the_claim(self) -> TrainingJobSpec:
+        """A file:// workingDir is read in the Ray pods: it must lie on the claim they mount. Not a CEL
+        rule: the concatenation with mountPath (no maxLength) is beyond the API server's cost budget."""
+        working_dir = self.runtime_env.working_dir if self.runtime_env else None
+        if not working_dir or not working_dir.startswith("file://"):
+            return self
+        pvc = self.checkpoint.storage.pvc if self.checkpoint.storage else None
+        mount = pvc.mount_path.rstrip("/") + "/" if pvc else None
+        if mount is None or not working_dir[len("file://") :].startswith(mount):
+            where = (
+                f"under file://{mount}" if mount else "on checkpoint.storage.pvc, which this job has none of"
+            )
+            raise ValueError(
+                f"runtimeEnv.workingDir: {working_dir} is read in the Ray pods, so it must lie {where} "
+                "(`rayship apply -f` puts a local folder there)"
             )
         return self
 

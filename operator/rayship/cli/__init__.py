@@ -1,9 +1,11 @@
-"""`rayship` command line: render | run | serve | demo | get | status | logs | completion | generate |
-operator.
+"""`rayship` command line: render | run | serve | demo | apply | get | status | logs | completion |
+generate | operator.
 
 - `render -f`: the KubeRay objects the operator would create, offline (cluster validation rules), read
   as kubectl reads `-f` (files, folders, Lists; other kinds passed through): `render.py`, `manifests.py`.
 - `run -f` / `serve` / `demo -f`: the same YAML on local Ray (`rayship_workloads.local`).
+- `apply -f`: kubectl apply with a local workingDir packed onto the claim the Ray pods mount
+  (`apply.py`, `rayship.codepack`, `rayship.codeupload`).
 - `get`, `status` (`describe`), `logs`: the objects on a cluster, as kubectl reaches it (`-n`,
   `--context`, `--kubeconfig`: `cli.kube`); `get.py`, `status.py`, `rayship.joblogs`.
 - `completion bash|zsh|fish`: a shell completion script generated from this parser (`completion.py`).
@@ -24,7 +26,7 @@ from typing import Any
 
 from rayship import __version__, api
 from rayship.api.validation import SpecError, parse
-from rayship.cli import completion, get, kube, render, status
+from rayship.cli import apply, completion, get, kube, render, status
 from rayship.cli.manifests import InputError, load_documents
 from rayship.config import ConfigError
 
@@ -311,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     p.set_defaults(func=cmd_demo)
 
+    apply.add_parser(sub, cluster)
     get.add_parser(sub, cluster)
     status.add_parser(sub, cluster)
     _logs_parser(sub, cluster)

@@ -205,6 +205,10 @@ def api_error(err: Any, conn: Connection, what: str, resource: str | None = None
             "server address and certificate-authority",
             EXIT_UNREACHABLE,
         )
+    if err.status == 404 and details.get("kind") == "namespaces":
+        return ClusterError(
+            f"namespace {details.get('name')} not found (kubectl create namespace {details.get('name')})"
+        )
     if err.status == 404 and details.get("name"):
         return ClusterError(f"{what} not found")
     if err.status == 404:

@@ -13,13 +13,15 @@ import argparse
 import difflib
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from rayship import api
+from rayship import api, codepack
 from rayship.api.validation import SpecError, other_kind, other_kind_problems, parse, parse_trainingjob
 from rayship.cli.manifests import files, load_documents
 from rayship.cli.output import Dumper
@@ -170,10 +172,72 @@ def emit(objects: list[dict[str, Any]], output: str) -> str:
     return yaml.dump_all(objects, Dumper=Dumper, sort_keys=False, width=120)
 
 
+def read(paths: list[str], recursive: bool) -> list[tuple[str, Any, Path]]:
+    """Every document `-f` names: (label, document, the folder its relative paths are relative to)."""
+    return [
+        (label, doc, Path.cwd() if path == "-" else Path(path).resolve().parent)
+        for path in files(paths, recursive)
+        for label, doc in load_documents(path)
+    ]
+
+
+Lookup = Callable[[str, str | None], "dict[str, Any] | None"]
+
+
+def with_code(
+    docs: list[tuple[str, Any, Path]], lookup: Lookup | None = None
+) -> tuple[list[tuple[str, Any]], dict[str, codepack.Shipment]]:
+    """The documents with each local runtimeEnv.workingDir packed (`codepack`) and replaced by the zip's
+    URI on the claim the Ray pods mount, and what has to be uploaded there. A ModelService's code goes
+    to its TrainingJob's claim: that TrainingJob is looked for among the documents, then by `lookup`
+    (name, namespace) in the cluster. Every problem of every document, or none."""
+    jobs = {
+        (doc["metadata"].get("name"), doc["metadata"].get("namespace")): doc
+        for _, doc, _ in docs
+        if isinstance(doc, dict)
+        and doc.get("kind") == "TrainingJob"
+        and isinstance(doc.get("metadata"), dict)
+    }
+    out: list[tuple[str, Any]] = []
+    shipments: dict[str, codepack.Shipment] = {}
+    errors: list[str] = []
+    for label, doc, base in docs:
+        if not isinstance(doc, dict):
+            out.append((label, doc))
+            continue
+        job = None
+        if (ref := codepack.referenced_trainingjob(doc)) is not None:
+            namespace = (doc.get("metadata") or {}).get("namespace")
+            job = jobs.get((ref, namespace)) or next((d for (n, _), d in jobs.items() if n == ref), None)
+            if job is None and lookup is not None:
+                job = lookup(ref, namespace)
+        try:
+            shipment = codepack.plan(doc, base, job)
+        except codepack.PackError as err:
+            errors.append(f"{label}: {err}")
+            continue
+        if shipment is None:
+            out.append((label, doc))
+            continue
+        shipments[label] = shipment
+        out.append((label, codepack.rewritten(doc, shipment)))
+    if errors:
+        raise SpecError(errors)
+    return out, shipments
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     config = from_environment()
-    docs = [doc for path in files(args.file, args.recursive) for doc in load_documents(path)]
-    sys.stdout.write(emit(render_documents(docs, config), args.output))
+    docs, shipments = with_code(read(args.file, args.recursive))
+    objects = render_documents(docs, config)
+    for label, shipment in shipments.items():
+        print(
+            f"note: {label}: {shipment.field} {shipment.folder} is packed ({shipment.package.counted}) as "
+            f"{shipment.uri} on claim {shipment.claim.claim_name}: `rayship apply -f` uploads it there; "
+            "`kubectl apply` of this output alone does not",
+            file=sys.stderr,
+        )
+    sys.stdout.write(emit(objects, args.output))
     return 0
 
 
