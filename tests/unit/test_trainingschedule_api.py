@@ -83,8 +83,18 @@ def test_the_printer_columns_show_the_schedule_its_last_run_and_the_promoted_one
     assert columns["Last Schedule"] == ".status.lastScheduleTime"
 
 
-def test_render_prints_the_next_run_and_what_it_becomes(capsys) -> None:
+def test_render_makes_nothing_of_a_schedule_but_says_when_its_next_run_is(capsys) -> None:
+    """Applied, a schedule makes no object until a time is due: `rayship render | kubectl apply` must
+    not start a run outside it (it printed the next run's TrainingJob and RayJob before)."""
     code = cli.main(["render", "-f", str(SAMPLE)])
+    out, err = capsys.readouterr()
+    assert (code, out) == (0, ""), err
+    assert "TrainingSchedule mlp-nightly makes one TrainingJob per time due, the next at 20" in err
+    assert "--next-run prints that run" in err
+
+
+def test_render_next_run_prints_the_next_run_and_what_it_becomes(capsys) -> None:
+    code = cli.main(["render", "-f", str(SAMPLE), "--next-run"])
     out, err = capsys.readouterr()
     assert code == 0, err
     objects = list(yaml.safe_load_all(out))
@@ -94,7 +104,7 @@ def test_render_prints_the_next_run_and_what_it_becomes(capsys) -> None:
         and run["metadata"]["labels"][names.LABEL_TRAININGSCHEDULE] == "mlp-nightly"
     )
     assert "{{" not in run["spec"]["data"]["uri"] and "date=20" in run["spec"]["data"]["uri"]
-    assert "RayJob" in [o["kind"] for o in objects] and "the next run of TrainingSchedule mlp-nightly" in err
+    assert "RayJob" in [o["kind"] for o in objects] and "below is that run: a preview" in err
 
 
 def test_render_refuses_a_bad_schedule_in_one_line(tmp_path, capsys) -> None:

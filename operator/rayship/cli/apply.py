@@ -78,9 +78,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     others = [(label, doc) for label, doc in docs if other_kind(doc)]
     if conn is None:
         for label, planned in shipments.items():
-            print(
-                f"{label}: {planned.field} would be packed ({planned.package.counted}) as {planned.uri}"
-            )
+            print(f"{label}: {planned.field} would be packed ({planned.package.counted}) as {planned.uri}")
         for _, doc in others + rayship_kinds:
             print(f"{_ref(doc)} (dry run: client)")
         return kube.EXIT_OK

@@ -66,9 +66,13 @@ def validated(docs: list[tuple[str, Any]]) -> Rendering:
     return out
 
 
-def render_documents(docs: list[tuple[str, Any]], config: OperatorConfig) -> list[dict[str, Any]]:
+def render_documents(
+    docs: list[tuple[str, Any]], config: OperatorConfig, next_run: bool = False
+) -> list[dict[str, Any]]:
     """The objects of every document, in the documents' order (nothing, and every problem, if any is
-    invalid)."""
+    invalid). A TrainingSchedule makes no object when it is applied, only a TrainingJob at each time
+    due: it renders to nothing (its next due time said on stderr), or with `next_run` to that run's
+    TrainingJob and its objects, a preview never to be applied as is (a run outside the schedule)."""
     rendering = validated(docs)
     jobs = rendering.trainingjobs()
     objects: list[dict[str, Any]] = []
@@ -89,11 +93,15 @@ def render_documents(docs: list[tuple[str, Any]], config: OperatorConfig) -> lis
             objects.extend(modelservice.network_policy(obj, config))
             objects.append(modelservice.desired_rayservice(obj, config, model, volume))
         elif isinstance(obj, api.TrainingSchedule):
-            objects.extend(_next_run(obj, label, config))
+            run = _next_run(obj, label, config, next_run)
+            if next_run:
+                objects.extend(run)
     return objects
 
 
-def _next_run(ts: api.TrainingSchedule, label: str, config: OperatorConfig) -> list[dict[str, Any]]:
+def _next_run(
+    ts: api.TrainingSchedule, label: str, config: OperatorConfig, shown: bool
+) -> list[dict[str, Any]]:
     """The TrainingJob a schedule's next run would be (its data's placeholders filled in for that
     time), and the objects it renders to."""
     from rayship.controller import trainingschedule
@@ -106,9 +114,14 @@ def _next_run(ts: api.TrainingSchedule, label: str, config: OperatorConfig) -> l
         )
     run = trainingschedule.build_run(ts, {"metadata": ts.metadata.model_dump()}, due)
     del run["metadata"]["ownerReferences"]  # the schedule's uid is the API server's to give
+    said = (
+        "below is that run: a preview, which applied would run now, outside the schedule"
+        if shown
+        else "so it renders to no object; --next-run prints that run"
+    )
     print(
-        f"note: {label}: the next run of TrainingSchedule {ts.metadata.name}, due at {due:%Y-%m-%dT%H:%M:%SZ}: "
-        "the operator makes one TrainingJob per time due",
+        f"note: {label}: TrainingSchedule {ts.metadata.name} makes one TrainingJob per time due, the next at "
+        f"{due:%Y-%m-%dT%H:%M:%SZ}; {said}",
         file=sys.stderr,
     )
     return [run, *trainingjob.render_trainingjob(parse_trainingjob(run), config)]
@@ -229,7 +242,7 @@ def with_code(
 def cmd_render(args: argparse.Namespace) -> int:
     config = from_environment()
     docs, shipments = with_code(read(args.file, args.recursive))
-    objects = render_documents(docs, config)
+    objects = render_documents(docs, config, args.next_run)
     for label, shipment in shipments.items():
         print(
             f"note: {label}: {shipment.field} {shipment.folder} is packed ({shipment.package.counted}) as "
@@ -261,4 +274,10 @@ def add_parser(sub: Any) -> None:
         "-R", "--recursive", action="store_true", help="also read the folders' subfolders (as kubectl -R)"
     )
     p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format")
+    p.add_argument(
+        "--next-run",
+        action="store_true",
+        help="a TrainingSchedule's next run: its TrainingJob and objects (a preview; by default a schedule "
+        "renders to nothing, as applying it makes nothing until a time is due)",
+    )
     p.set_defaults(func=cmd_render)
