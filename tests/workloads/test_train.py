@@ -656,6 +656,9 @@ def test_lm_finetune_example_on_the_hugging_face_trainer_with_deepspeed_resumes_
     shutil.copytree(LM_EXAMPLE.parent, example)  # its data.uri is relative to the YAML file
     doc = yaml.safe_load(LM_EXAMPLE.read_text())
     doc["spec"]["workers"]["replicas"] = 1
+    # Its workingDir (the folder, shipped to a cluster) is a local folder that only the Ray `rayship run`
+    # starts can ship; this process already runs the tier's Ray. data.uri resolves beside the file either way.
+    assert doc["spec"].pop("runtimeEnv") == {"workingDir": "."}
     (example / "trainingjob.yaml").write_text(yaml.safe_dump(doc))
     runs = tmp_path / "runs"
     assert cli.main(["run", "-f", str(example / "trainingjob.yaml"), "--runs-dir", str(runs)]) == 0
@@ -665,7 +668,7 @@ def test_lm_finetune_example_on_the_hugging_face_trainer_with_deepspeed_resumes_
     assert [h["epoch"] for h in history] == [1, 2], history
     last = history[-1]["metrics"]
     assert last["perplexity"] == pytest.approx(math.exp(last["evalLoss"])) and last["loss"] > 0
-    run_dir = out / "checkpoints" / "default.lm-finetune"
+    run_dir = out / "checkpoints" / "lm-finetune"
     assert sorted(p.name for p in run_dir.glob("epoch-*")) == ["epoch-00001", "epoch-00002"]
     saved = run_dir / "epoch-00002"
     assert json.loads((saved / recipes.STATE).read_text())["strategy"] == "hf-trainer/deepspeed"

@@ -142,7 +142,7 @@ def test_pbt_hands_the_better_trials_checkpoint_to_the_worse_one(ray_session, tm
     path, runs = PBT_EXAMPLE, tmp_path / "runs"
     assert cli.main(["run", "-f", str(path), "--runs-dir", str(runs)]) == 0
     out = capsys.readouterr().out
-    results = runs / "pbt" / "checkpoints" / "default.pbt-tune"
+    results = runs / "pbt" / "checkpoints" / "pbt-tune"
     reports = {
         trial.name: [json.loads(line) for line in (trial / "result.json").read_text().splitlines()]
         for trial in results.iterdir()
@@ -159,7 +159,7 @@ def test_pbt_hands_the_better_trials_checkpoint_to_the_worse_one(ray_session, tm
     trial, report = exploits[0]
     (donor,) = set(reports) - {trial}
     donor_run, donor_checkpoint = report["handed_from"].split("/")
-    assert donor_run.startswith(f"default.pbt-{donor}")
+    assert donor_run.startswith(f"pbt-{donor}")
     donor_epoch = int(donor_checkpoint.removeprefix("epoch-"))
     assert report["resumed_from_epoch"] == donor_epoch and report["epoch"] == donor_epoch + 1
     # The donor's own record of that epoch is gone when the donor was itself restarted later (Tune
@@ -220,7 +220,7 @@ def test_asha_stops_a_bad_trial_at_its_first_rung_while_the_good_one_trains_on(
     path.write_text(yaml.safe_dump(doc))
     assert cli.main(["run", "-f", str(path), "--runs-dir", str(runs)]) == 0
     out = capsys.readouterr().out
-    results = runs / "asha" / "checkpoints" / "default.asha-tune"
+    results = runs / "asha" / "checkpoints" / "asha-tune"
     epochs = {}
     for trial in (t for t in results.iterdir() if t.is_dir()):
         records = [json.loads(line) for line in (trial / "result.json").read_text().splitlines()]
