@@ -100,7 +100,14 @@ from controlplane.config import (
     log,
 )
 from controlplane.leftovers import leftovers
-from controlplane.network import api_forward, ensure_netns, netns_exists, remove_netns
+from controlplane.network import (
+    api_forward,
+    ensure_netns,
+    is_mount_point,
+    netns_exists,
+    release_netns_dir,
+    remove_netns,
+)
 from controlplane.node_lifecycle import (
     load_images,
     node_images,
@@ -144,7 +151,6 @@ from controlplane.processes import (
     load_state,
     locked,
     node_running,
-    run_command,
     save_state,
     spawn_process,
     stop_process,
@@ -320,6 +326,7 @@ def _prepare(paths: Paths, lap: Any) -> tuple[State, dict[str, Path]]:
     lap("certificates")
     netns_dir = Path(NETNS_DIR)
     made_netns_dir = not netns_dir.exists()  # `ip netns add` makes it, and a mount of it, for good
+    made_netns_mount = not is_mount_point(netns_dir)
     state = State(ports={name: free_port() for name in (
         "etcd-client", "etcd-peer", "apiserver", "kube-controller-manager", "kube-scheduler", "kuberay-metrics", "kuberay-probe",
     )})  # fmt: skip
@@ -327,6 +334,8 @@ def _prepare(paths: Paths, lap: Any) -> tuple[State, dict[str, Path]]:
     state.netns = True
     if made_netns_dir:
         state.made_dirs.append(str(netns_dir))
+    if made_netns_mount:
+        state.made_mounts.append(str(netns_dir))
     save_state(state, paths)
     lap("network namespace")
     return state, bins
@@ -434,10 +443,11 @@ def _down(paths: Paths) -> list[str]:
     if remove_netns():
         stopped.append(f"netns {NETNS} with its routes")
     netns_dir = Path(NETNS_DIR)
-    if str(netns_dir) in state.made_dirs and netns_dir.is_dir() and not any(netns_dir.iterdir()):
-        run_command(["umount", str(netns_dir)], check=False)  # the bind mount `ip netns add` made of it
-        with contextlib.suppress(OSError):
-            netns_dir.rmdir()
+    made_dir = str(netns_dir) in state.made_dirs
+    for problem in release_netns_dir(
+        netns_dir, made_dir=made_dir, made_mount=made_dir or str(netns_dir) in state.made_mounts
+    ):
+        log(problem)
     for path in (paths.etcd, paths.volumes, paths.run):
         shutil.rmtree(path, ignore_errors=True)
     for path in (paths.state, paths.kubeconfig):

@@ -4,6 +4,7 @@ forwarder (TCP, TLS passes through) the real node reaches the API server by."""
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 from controlplane.config import (
     LINK_HOST_IP,
@@ -47,6 +48,33 @@ def ensure_netns() -> None:
     route = run_command(["ip", "route", "get", probe]).stdout
     if f"dev {VETH_HOST}" not in route:
         raise RuntimeError(f"pod address {probe} does not route into {NETNS}: {route}")
+
+
+def is_mount_point(path: Path) -> bool:
+    """From the kernel's mount table: os.path.ismount compares devices, and a folder bind-mounted onto
+    itself (what `ip netns add` does) is on its parent's device."""
+    return str(path) in (line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines())
+
+
+def release_netns_dir(path: Path, *, made_dir: bool, made_mount: bool) -> list[str]:
+    """Undo what `ip netns add` made at `path` (its folder, the bind mount of it it keeps for good) for
+    `up`, once no network namespace is left in it. Returns what could not be undone, with the reason.
+    A machine whose folder was there but not mounted got the mount from `up`: it goes too (a CI run
+    saw `mount /run/netns` left behind so)."""
+    if not path.is_dir() or any(path.iterdir()):
+        return []
+    problems = []
+    while made_mount and is_mount_point(path):  # stacked mounts, one per umount
+        done = run_command(["umount", str(path)], check=False)
+        if done.returncode != 0:
+            problems.append(f"umount {path}: {done.stderr.strip()}")
+            break
+    if made_dir and not problems:
+        try:
+            path.rmdir()
+        except OSError as err:
+            problems.append(f"rmdir {path}: {err}")
+    return problems
 
 
 def remove_netns() -> bool:

@@ -127,6 +127,8 @@ class State:
     digests: dict[str, str] = field(default_factory=dict)
     # Host paths that the real node's mount namespace binds over and that `up` had to create.
     made_dirs: list[str] = field(default_factory=list)
+    # Host mounts `up` caused that were not there (the one `ip netns add` makes of /run/netns).
+    made_mounts: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -138,6 +140,7 @@ class State:
                 "chart_error": self.chart_error,
                 "digests": self.digests,
                 "made_dirs": self.made_dirs,
+                "made_mounts": self.made_mounts,
                 "plan": {"pod_cidr": POD_CIDR, "service_cidr": SERVICE_CIDR, "netns": NETNS},
             },
             indent=2,
@@ -158,6 +161,7 @@ def load_state(paths: Paths | None = None) -> State:
         chart_error=raw.get("chart_error"),
         digests=raw.get("digests", {}),
         made_dirs=raw.get("made_dirs", []),
+        made_mounts=raw.get("made_mounts", []),
     )
 
 
