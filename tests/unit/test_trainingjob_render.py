@@ -426,3 +426,22 @@ def test_no_env_value_travels_in_the_entrypoint_or_the_annotation() -> None:
     edited["spec"]["env"][0]["value"] = "another"
     edited["metadata"]["uid"] = "u"
     assert trainingjob.plan(edited, rayjob, [], CONFIG).context.unapplied == ("env",)
+
+
+def test_a_tuning_heads_ray_holds_the_trial_drivers_and_no_cpus() -> None:
+    """Tune trial drivers run on the head (a slot of names.TRIAL_RESOURCE each), never on a worker node,
+    where their CPU share left a one-CPU worker pod too little for the trial's Train worker."""
+    from rayship_workloads.tune import trial_resources
+
+    head = rendered(SAMPLES / "trainingjob-tuning.yaml")["spec"]["rayClusterSpec"]["headGroupSpec"]
+    params = head["rayStartParams"]
+    assert params["num-cpus"] == "0"
+    # KubeRay's documented form: JSON escaped inside double quotes (its shell command unquotes it)
+    assert params["resources"] == '"{\\"rayship_trial\\": 1000}"'
+    assert json.loads(params["resources"][1:-1].replace("\\", "")) == {
+        names.TRIAL_RESOURCE: names.TRIAL_SLOTS
+    }
+    plain = rendered(SAMPLES / "trainingjob-ddp.yaml")["spec"]["rayClusterSpec"]["headGroupSpec"]
+    assert plain["rayStartParams"] == {"num-cpus": "0"}
+    assert trial_resources({"CPU": 2.0, names.TRIAL_RESOURCE: 1000.0}) == {names.TRIAL_RESOURCE: 1}
+    assert trial_resources({"CPU": 2.0}) == {"CPU": 0.01}  # local Ray: no head of its own

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import ray
 import ray.data
 from ray import tune
 from ray.train import Checkpoint
@@ -37,6 +38,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTra
 from ray.util.queue import Queue
 
 from rayship import api
+from rayship.api import names
 from rayship.api.validation import parse_trainingjob
 from rayship_workloads import integrity, progress, storage, tracking, train
 
@@ -332,6 +334,22 @@ def _trial_function(
     return trial
 
 
+def trial_resources(cluster: Mapping[str, float]) -> dict[str, float]:
+    """What a trial's driver holds: it only waits, its Train workers hold the CPUs and GPUs. In a
+    cluster, a slot of the head's `names.TRIAL_RESOURCE` (the head has no CPUs for Ray, and a CPU share
+    on a worker node would leave too little there for the trial's own worker); locally, where there is
+    no such resource, a sliver of a CPU."""
+    if cluster.get(names.TRIAL_RESOURCE):
+        return {names.TRIAL_RESOURCE: 1}
+    return {"CPU": 0.01}
+
+
+def _cluster_resources() -> dict[str, float]:
+    if not ray.is_initialized():  # a job's driver in a cluster: connect as Tune itself would
+        ray.init()
+    return dict(ray.cluster_resources())
+
+
 def _tuner(
     tj: api.TrainingJob,
     tuning: api.TuningSpec,
@@ -343,7 +361,7 @@ def _tuner(
     mlflow = tracking.tune_callback(tj, storage_root, base_name)
     tracked = [mlflow] if mlflow is not None else []  # one MLflow run per trial (spec.tracking)
     return tune.Tuner(
-        tune.with_resources(trial, {"CPU": 0.01}),  # the trial driver only waits; its workers hold CPUs/GPUs
+        tune.with_resources(trial, trial_resources(_cluster_resources())),
         param_space=search_space(tuning),
         tune_config=tune.TuneConfig(
             metric=tuning.metric,

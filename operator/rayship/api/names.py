@@ -66,6 +66,12 @@ CHECKPOINT_VOLUME = "checkpoints"
 MODEL_VOLUME = "model"
 SERVE_DEPLOYMENT = "RayshipModel"  # the Serve deployment of rayship_workloads.serve
 SHM_VOLUME = "dshm"
+# A Ray resource only a tuning job's head has: each Tune trial's driver (which only waits on its Train
+# workers) holds one unit of it, so trial drivers run on the head, which has no CPUs for Ray. With a
+# CPU share instead (0.01), a driver sat on a worker node and its Train worker's whole CPU no longer
+# fitted there: a worker pod of one CPU never got its worker (WorkerGroupStartupTimeoutError).
+TRIAL_RESOURCE = "rayship_trial"
+TRIAL_SLOTS = 1000  # trial drivers the head holds at once (maxConcurrentTrials is at most this)
 
 # KubeRay rejects RayJob names longer than this (it derives RayCluster and pod names from them).
 MAX_RAYJOB_NAME = 47

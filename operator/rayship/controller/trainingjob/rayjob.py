@@ -5,6 +5,7 @@ cluster-specific comes in via `OperatorConfig`."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shlex
 from typing import Any
@@ -29,6 +30,17 @@ REPLICA_FAILURE_REASONS = frozenset(
 )  # fmt: skip
 STUCK_REASONS = frozenset({"Unschedulable", "OOMKilled"}) | STUCK_WAITING_REASONS | REPLICA_FAILURE_REASONS
 JOB_MODULE = "rayship_workloads.job"  # the workload driver: `python -m rayship_workloads.job --spec`
+
+
+def head_params(spec: api.TrainingJobSpec) -> dict[str, str]:
+    """`ray start` of the head: no CPUs for Ray (nothing trains there); with tuning, the slots the Tune
+    trials' drivers take (`names.TRIAL_RESOURCE`): JSON escaped in double quotes, KubeRay's documented
+    form (its shell command unquotes it; Ray's KubeRay autoscaler config reads it so)."""
+    params = {"num-cpus": "0"}
+    if spec.tuning is not None:
+        resources = json.dumps({names.TRIAL_RESOURCE: names.TRIAL_SLOTS})
+        params["resources"] = '"' + resources.replace('"', '\\"') + '"'
+    return params
 
 
 def resolved_spec(wired: dict[str, Any], config: OperatorConfig) -> dict[str, Any]:
@@ -250,7 +262,7 @@ def _build(tj: api.TrainingJob, config: OperatorConfig) -> tuple[dict[str, Any],
             "authOptions": {"mode": "token"},
             "headGroupSpec": {
                 # The head coordinates; training happens on the GPU workers only.
-                "rayStartParams": {"num-cpus": "0"},
+                "rayStartParams": head_params(spec),
                 "template": head_template,
             },
             "workerGroupSpecs": [
