@@ -121,6 +121,31 @@ def test_an_elastic_worker_group_keeps_replicas_pods_and_allows_down_to_min_repl
     assert rayjob_violations(rayjob) == []
 
 
+def test_a_tuning_jobs_worker_group_holds_every_trial_that_runs_at_once() -> None:
+    """Each trial trains on workers.replicas workers of its own: a search that runs 2 trials at once
+    needs twice the pods (with one group's worth, the second trial waited for workers that never came:
+    examples/tune-pbt hung on real-0), and no more than the search has trials."""
+    doc = load(SAMPLES / "trainingjob-tuning.yaml")  # 4 workers of 1 GPU, maxConcurrentTrials 2
+    doc["spec"]["workers"]["minReplicas"] = 3
+    tj = parse_trainingjob(doc)
+    (rayjob,) = [o for o in trainingjob.render_trainingjob(tj, CONFIG) if o["kind"] == "RayJob"]
+    group = worker_group(rayjob)
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (8, 6, 8)
+    assert trainingjob.total_gpus(tj) == 8  # what the status and a queue count
+    assert rayjob_violations(rayjob) == []
+    doc["spec"]["tuning"].update(
+        numSamples=1,
+        maxConcurrentTrials=4,
+        searchSpace={"learningRate": {"distribution": "grid", "values": [0.01, 0.001]}},
+    )  # 2 trials: 4 at once is 2 at once
+    (rayjob,) = [
+        o for o in trainingjob.render_trainingjob(parse_trainingjob(doc), CONFIG) if o["kind"] == "RayJob"
+    ]
+    assert worker_group(rayjob)["replicas"] == 8
+    del doc["spec"]["tuning"]
+    assert trainingjob.total_gpus(parse_trainingjob(doc)) == 4
+
+
 @pytest.mark.parametrize(("grace", "drain"), [(None, "25"), (10, "5"), (120, "115"), (6, "3"), (0, "0")])
 def test_rays_drain_on_sigterm_ends_before_the_kubelets_kill(grace: int | None, drain: str) -> None:
     """A worker pod taken away with notice: Ray's drain deadline (Ray Train restarts the group there,

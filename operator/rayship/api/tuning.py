@@ -178,7 +178,13 @@ class TuningSpec(ApiModel):
     asha: AshaSpec | None = Field(None, description="ASHA's knobs (scheduler: asha).")
     pbt: PbtSpec | None = Field(None, description="Population Based Training's knobs (scheduler: pbt).")
     max_concurrent_trials: int = Field(
-        1, ge=1, le=256, description="Trials running at once (each takes the worker group)."
+        1,
+        ge=1,
+        le=256,
+        description=(
+            "Trials running at once, each on workers.replicas workers of its own: the job's cluster has "
+            "workers.replicas times this many worker pods (at most as many trials as the search runs)."
+        ),
     )
     search_space: dict[str, SearchDimension] = Field(
         ..., min_length=1, max_length=32, description="Trainer fields or config.<key> to search over."
@@ -213,3 +219,7 @@ class TuningSpec(ApiModel):
             if dim.distribution == "grid":
                 grid *= len(dim.values or [])
         return self.num_samples * grid
+
+    def concurrent_trials(self) -> int:
+        """How many trials run at once: maxConcurrentTrials, or every trial when there are fewer."""
+        return min(self.max_concurrent_trials, self.trials())

@@ -245,7 +245,7 @@ def _build(tj: api.TrainingJob, config: OperatorConfig) -> tuple[dict[str, Any],
     head_template, worker_template = _pod_templates(
         tj, config, resolved["image"], labels, secret["metadata"]["name"]
     )
-    replicas = spec.workers.replicas
+    replicas, at_once = worker_pods(spec), worker_pods(spec) // spec.workers.replicas
     rayjob_spec: dict[str, Any] = {
         "entrypoint": train_entrypoint(),
         # HTTPMode: KubeRay itself submits the job to the Ray dashboard (through the API server's
@@ -270,7 +270,7 @@ def _build(tj: api.TrainingJob, config: OperatorConfig) -> tuple[dict[str, Any],
                     "groupName": names.TRAINING_WORKER_GROUP,
                     # elastic: KubeRay re-creates a pod taken away; Ray Train goes on with minReplicas+
                     "replicas": replicas,
-                    "minReplicas": spec.workers.min_replicas or replicas,
+                    "minReplicas": (spec.workers.min_replicas or spec.workers.replicas) * at_once,
                     "maxReplicas": replicas,
                     "rayStartParams": {},
                     "template": worker_template,
@@ -332,10 +332,17 @@ def render_trainingjob(tj: api.TrainingJob, config: OperatorConfig) -> list[dict
     return [*build_workload_rbac(tj, config), *policy, *_build(tj, config)]
 
 
+def worker_pods(spec: api.TrainingJobSpec) -> int:
+    """The worker group's size: workers.replicas, for each tuning trial that runs at once (a trial
+    trains on workers of its own; with fewer pods, a second trial waited for workers that never came,
+    and PBT, whose whole population runs at once, hung)."""
+    return spec.workers.replicas * (spec.tuning.concurrent_trials() if spec.tuning is not None else 1)
+
+
 def total_gpus(tj: api.TrainingJob) -> int:
-    return tj.spec.workers.replicas * tj.spec.workers.gpus_per_worker
+    return worker_pods(tj.spec) * tj.spec.workers.gpus_per_worker
 
 
 def total_cpus(tj: api.TrainingJob) -> float:
     """CPUs the job's Ray pods request: the head's and every worker's."""
-    return tj.spec.head.cpus + tj.spec.workers.replicas * tj.spec.workers.cpus_per_worker
+    return tj.spec.head.cpus + worker_pods(tj.spec) * tj.spec.workers.cpus_per_worker
