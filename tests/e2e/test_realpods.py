@@ -1082,7 +1082,7 @@ EXAMPLES = SAMPLES.parent.parent / "examples"
 
 def cut_to_the_node(folder: Path, into: Path) -> Path:
     """An example's folder as shipped, its YAML's sizes cut to the node (as every scenario here cuts
-    the samples'): heads and workers of half a CPU, Serve replicas of a fraction. Code, data and every
+    the samples'): heads and workers of half a CPU and no GPU, Serve replicas of a fraction. Code, data and every
     other field as shipped; no namespace in the YAML (`rayship apply -n` gives it)."""
     import shutil
 
@@ -1093,7 +1093,7 @@ def cut_to_the_node(folder: Path, into: Path) -> Path:
         assert "namespace" not in doc["metadata"], f"{path.name}: an example takes its namespace from -n"
         if doc["kind"] == "TrainingJob":
             spec.update(head=SMALL_TRAINING["head"], ttlSecondsAfterFinished=5)
-            spec["workers"].update(cpusPerWorker=0.5, memoryPerWorker="2Gi")
+            spec["workers"].update(gpusPerWorker=0, cpusPerWorker=0.5, memoryPerWorker="2Gi")
         else:
             spec.update(SMALL_SERVICE)
             for deployment in spec.get("deployments", {}).values():
@@ -1180,3 +1180,69 @@ def test_rayship_apply_runs_the_examples_own_code_on_real_pods(
     print(
         f"own Serve app from `rayship apply`: trained, Ready and predicting in {time.monotonic() - t0:.0f}s"
     )
+
+
+def _trial_reports(results: Path) -> dict[str, list[dict[str, Any]]]:
+    """Tune's record of each trial (result.json, a report per line) in the job's results on the claim."""
+    return {
+        trial.name: [json.loads(line) for line in (trial / "result.json").read_text().splitlines()]
+        for trial in results.iterdir()
+        if (trial / "result.json").is_file()
+    }
+
+
+def test_rayship_apply_runs_the_tuning_and_language_model_examples_on_real_pods(
+    real_node, operator, kube: Kube, tmp_path: Path
+) -> None:
+    """Scenario 7: examples/tune-asha, tune-pbt and lm-finetune as shipped (sizes cut to the node: half
+    a CPU and no GPU per worker), one after the other through `rayship apply -f FOLDER`. ASHA's two
+    trials run one at a time, their drivers on the head (the head's rayship_trial slots), each trial's
+    worker on a worker pod; PBT's two trials run at once, on two worker pods (one trial's worth each), and
+    the worse one resumes from the better one's checkpoint (its report names the donor's run); the
+    language model trains on two worker pods with DeepSpeed ZeRO-2 on the corpus shipped in its folder
+    (runtimeEnv.workingDir), and exports a model."""
+    claim = claim_folder(kube)
+
+    t0 = time.monotonic()
+    rayship_apply(cluster := real_node, kube, cut_to_the_node(EXAMPLES / "tune-asha", tmp_path))
+    wait_for(
+        lambda: phase(kube, TJ, "mlp-tuning", "Succeeded") == "Succeeded", 420, what="tune-asha Succeeded"
+    )
+    tuning = kube.status(TJ, "mlp-tuning")["tuning"]
+    assert tuning["trials"] == 2 and tuning["bestTrial"] and tuning["bestMetric"] > 0, tuning
+    assert len(_trial_reports(claim / f"{kube.namespace}.mlp-tuning-tune")) == 2
+    print(f"tune-asha from `rayship apply`: Succeeded in {time.monotonic() - t0:.0f}s")
+
+    t0 = time.monotonic()
+    rayship_apply(cluster, kube, cut_to_the_node(EXAMPLES / "tune-pbt", tmp_path))
+    rayjob = wait_for(lambda: kube.get(RJ, names.rayjob_name("pbt")), 60, what="the RayJob of pbt")
+    assert rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 2  # a trial's worth each
+    wait_for(lambda: phase(kube, TJ, "pbt", "Succeeded") == "Succeeded", 600, what="tune-pbt Succeeded")
+    reports = _trial_reports(claim / f"{kube.namespace}.pbt-tune")
+    assert len(reports) == 2, reports
+    handed = [
+        (trial, report["handed_from"])
+        for trial, records in reports.items()
+        for report in records
+        if report.get("handed_from") and f"-{trial}" not in report["handed_from"].split("/")[0]
+    ]
+    assert handed, reports  # a trial went on from the other's checkpoint
+    trial, donor_checkpoint = handed[0]
+    (donor,) = set(reports) - {trial}
+    donor_run, epoch = donor_checkpoint.split("/")
+    assert donor_run.startswith(f"{kube.namespace}.pbt-{donor}") and epoch.startswith("epoch-"), handed
+    print(
+        f"tune-pbt from `rayship apply`: Succeeded in {time.monotonic() - t0:.0f}s, {trial} from {donor_checkpoint}"
+    )
+
+    t0 = time.monotonic()
+    rayship_apply(cluster, kube, cut_to_the_node(EXAMPLES / "lm-finetune", tmp_path))
+    wait_for(
+        lambda: phase(kube, TJ, "lm-finetune", "Succeeded") == "Succeeded", 900, what="lm-finetune Succeeded"
+    )
+    status = kube.status(TJ, "lm-finetune")
+    assert status["progress"]["epoch"] == 2 and "evalLoss" in status["progress"]["metrics"], status[
+        "progress"
+    ]
+    assert status["checkpoint"]["model"], status["checkpoint"]
+    print(f"lm-finetune from `rayship apply`: Succeeded in {time.monotonic() - t0:.0f}s")

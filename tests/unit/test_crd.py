@@ -160,3 +160,27 @@ def test_defaults_in_crd_match_models(trainingjob_validator) -> None:
         assert {k: v for k, v in server_side[key].items() if v not in ({}, [])} == {
             k: v for k, v in model_side[key].items() if v not in ({}, [])
         }, key
+
+
+def test_every_env_list_of_every_kind_refuses_the_reserved_names() -> None:
+    """One rule wherever an env name is given (spec.env[] items, runtimeEnv.envVars keys), in every
+    kind's CRD, including lists added later: a list without it would let NVIDIA_VISIBLE_DEVICES=all
+    give a CPU pod its node's GPUs."""
+    from rayship.api.common import reserved_env_rule
+
+    item_rule = reserved_env_rule("[self.name]", "env[].name").rule
+    map_rule = reserved_env_rule("self.envVars", "runtimeEnv.envVars").rule
+    found = []
+    for path in sorted((ROOT / "manifests" / "crds").glob("*.yaml")):
+        schema = yaml.safe_load(path.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for where, node in walk(schema):
+            rules = [v["rule"] for v in node.get("x-kubernetes-validations", [])]
+            if {"name", "value", "valueFrom"} <= set(node.get("properties", {})):
+                found.append(f"{path.stem}:{where}")
+                assert item_rule in rules, f"{path.name} {where}: an env var without the reserved-name rule"
+            if "envVars" in node.get("properties", {}):
+                found.append(f"{path.stem}:{where}.envVars")
+                assert map_rule in rules, f"{path.name} {where}.envVars: without the reserved-name rule"
+    kinds = {f.split(":")[0] for f in found}
+    assert kinds == {"trainingjobs.rayship.dev", "modelservices.rayship.dev", "trainingschedules.rayship.dev"}
+    assert any(f.endswith(".application.runtimeEnv.envVars") for f in found), found

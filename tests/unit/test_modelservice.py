@@ -245,6 +245,21 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
         {"model": {"uri": "https://hf_token123@models.example.com/llama"}},
         "model.uri: a credential in the URI",
     ),
+    # every env list of every kind: a CPU pod with NVIDIA_VISIBLE_DEVICES=all sees its node's GPUs
+    ("env-gpu-runtime", {"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}, "spec.env"),
+    ("env-gpu-mig-monitor", {"env": [{"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"}]}, "spec.env"),
+    ("env-rayship-owner", {"env": [{"name": "RAYSHIP_MODELSERVICE", "value": "other/svc"}]}, "spec.env"),
+    (
+        "application-env-gpu-runtime",
+        {
+            "model": {"uri": "s3://bucket/model"},
+            "application": {
+                "importPath": "app:app_builder",
+                "runtimeEnv": {"envVars": {"NVIDIA_VISIBLE_DEVICES": "all"}},
+            },
+        },
+        "spec.application.runtimeEnv",
+    ),
 ]
 
 

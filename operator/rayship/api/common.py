@@ -237,11 +237,35 @@ class EnvValueFrom(ApiModel):
     secret_key_ref: SecretKeyRef = Field(..., description="Read the value from a Secret key.")
 
 
+# Env names no user list may set, in any kind and any env list (spec.env, runtimeEnv.envVars): rayship's
+# own (RAYSHIP_MODELSERVICE names the pod's owner), and the NVIDIA container runtime's, which it reads to
+# hand a container devices: in its default env mode, NVIDIA_VISIBLE_DEVICES=all in a CPU pod shows it
+# every GPU of its node, other tenants' included (NVIDIA_MIG_MONITOR_DEVICES, NVIDIA_DRIVER_CAPABILITIES
+# and the rest widen it too). NVIDIA_TF32_OVERRIDE is a CUDA library's knob read inside the process.
+RESERVED_ENV_PREFIXES = ("RAYSHIP_", "NVIDIA_")
+ALLOWED_ENV_NAMES = ("NVIDIA_TF32_OVERRIDE",)
+
+
+def reserved_env_rule(names: str, field: str) -> CelRule:
+    """On an object: no env name in `names` (a CEL list of strings, or a map whose keys are the names,
+    e.g. `self.envVars`, which may be absent) is reserved (RESERVED_ENV_PREFIXES). `field` is said in the
+    message."""
+    reserved = " || ".join(f"n.startsWith('{p}')" for p in RESERVED_ENV_PREFIXES)
+    allowed = ", ".join(f"'{a}'" for a in ALLOWED_ENV_NAMES)
+    guard = f"!has({names}) || " if names.startswith("self.") else ""
+    return CelRule(
+        f"{guard}{names}.all(n, !({reserved}) || n in [{allowed}])",
+        f"{field}: names starting with {' or '.join(RESERVED_ENV_PREFIXES)} are rayship's or the GPU "
+        "runtime's (NVIDIA_VISIBLE_DEVICES would show the pod GPUs it was not given); rename the variable",
+    )
+
+
 class EnvVar(ApiModel):
     """An environment variable for every Ray container: a plain value, or a Secret reference."""
 
     cel_rules: ClassVar = (
         CelRule("has(self.value) != has(self.valueFrom)", "set exactly one of value or valueFrom"),
+        reserved_env_rule("[self.name]", "env[].name"),
     )
     name: str = Field(..., pattern=ENV_NAME_PATTERN, max_length=128, description="Variable name.")
     value: str | None = Field(None, description="Plain value (never a secret: use valueFrom).")

@@ -36,6 +36,7 @@ from rayship.api.common import (
     memory_rule,
     name_rule,
     no_credentials_rule,
+    reserved_env_rule,
     said_with_values,
     sub,
 )
@@ -283,10 +284,10 @@ class RuntimeEnvSpec(ApiModel):
         CelRule(
             "!has(self.envVars) || self.envVars.all(k, k.matches('"
             + ENV_NAME_PATTERN
-            + "') && k.size() <= 128 && !k.startsWith('RAYSHIP_') && k != 'NVIDIA_VISIBLE_DEVICES')",
-            "runtimeEnv.envVars names must be letters, digits and '_' (not starting with a digit), not "
-            "RAYSHIP_* or NVIDIA_VISIBLE_DEVICES",
+            + "') && k.size() <= 128)",
+            "runtimeEnv.envVars names must be letters, digits and '_' (not starting with a digit)",
         ),
+        reserved_env_rule("self.envVars", "runtimeEnv.envVars"),
         CelRule(
             "!has(self.envVars) || self.envVars.all(k, !k.matches('" + SECRET_NAME_PATTERN + "'))",
             "runtimeEnv.envVars: a name that looks like a secret (password, token, key, credential): its "
@@ -334,10 +335,6 @@ class TrainingJobSpec(ApiModel):
         CelRule(
             "!has(self.env) || self.env.all(e, self.env.exists_one(f, f.name == e.name))",
             "env variable names must be unique",
-        ),
-        CelRule(
-            "!has(self.env) || self.env.all(e, !e.name.startsWith('RAYSHIP_') && e.name != 'NVIDIA_VISIBLE_DEVICES')",
-            "env names starting with RAYSHIP_ and NVIDIA_VISIBLE_DEVICES are set by rayship; rename the variable",
         ),
         CelRule(
             "!has(self.tuning) || self.tuning.scheduler != 'pbt' || "
