@@ -11,7 +11,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rayship import api
 from tests.conftest import SAMPLES, rayship_samples
-from tests.unit.bad_corpus import MESSAGE_CASES, RAYSHIP_ONLY_CASES, SPEC_CASES
+from tests.unit.bad_corpus import MESSAGE_CASES, METADATA_CASES, RAYSHIP_ONLY_CASES, SPEC_CASES
 
 pytestmark = pytest.mark.operator
 
@@ -49,6 +49,22 @@ def test_the_server_rejects_the_bad_corpus_naming_the_field(kube) -> None:
         last = field.replace("spec.", "").split(".")[-1].split("[")[0]
         assert last in refused.body or field in refused.body, (case, field, refused.body[:400])
     assert not accepted, f"the API server accepts what rayship rejects: {accepted}"
+
+
+def test_the_server_refuses_the_metadata_rayship_refuses(kube) -> None:
+    """bad_corpus.METADATA_CASES: rayship refuses them before sending (tests/unit/test_cli.py) because
+    the API server would, by its own metadata checks: proven here, on the real one."""
+    base = yaml.safe_load((SAMPLES / "trainingjob-ddp.yaml").read_text())
+    accepted = []
+    for case, mutate, _said in METADATA_CASES:
+        doc = copy.deepcopy(base)
+        mutate(doc)
+        refused = dry_run_create(kube, doc)
+        if refused is None:
+            accepted.append(case)
+        else:
+            assert refused.status == 422 and "metadata." in refused.body, (case, refused.body[:300])
+    assert not accepted, f"the API server takes what rayship refuses: {accepted}"
 
 
 def test_what_only_rayship_can_reject_is_documented_as_such(kube) -> None:

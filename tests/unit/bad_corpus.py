@@ -530,6 +530,26 @@ RAYSHIP_ONLY_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
     ("spec-over-64kib", _set("spec.trainer.config", {"blob": "x" * 70_000}), "bytes serialized"),
 ]
 
+# Refused by the API server's own checks of metadata (it validates labels and annotations itself: no
+# CRD rule holds them), and by rayship before anything is sent: (id, mutation, the field said).
+METADATA_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
+    ("label-key-with-a-space", _set("metadata.labels", {"bad key": "x"}), "metadata.labels: key 'bad key'"),
+    ("label-value-of-64", _set("metadata.labels", {"team": "x" * 64}), "metadata.labels: team="),
+    ("label-value-with-a-space", _set("metadata.labels", {"team": "a b"}), "metadata.labels: team="),
+    (
+        "label-name-of-64",
+        _set("metadata.labels", {"example.com/" + "n" * 64: "x"}),
+        "metadata.labels: key 'example.com/nnn",
+    ),
+    ("label-prefix-uppercase", _set("metadata.labels", {"Example.com/team": "a"}), "metadata.labels: key"),
+    ("annotation-key-two-slashes", _set("metadata.annotations", {"a/b/c": "x"}), "metadata.annotations: key"),
+    (
+        "annotations-over-256-kib",
+        _set("metadata.annotations", {"note": "x" * (256 * 1024)}),
+        "metadata.annotations: 262148 bytes in all",
+    ),
+]
+
 # Documents the CLI must reject before any field is looked at: (id, file text, expected message part)
 _TJ = "apiVersion: rayship.dev/v1alpha1\nkind: TrainingJob\n"
 _SPEC = "spec:\n  workers: {replicas: 1}\n  trainer:\n    recipe: mlp\n"
@@ -558,6 +578,34 @@ TEXT_CASES: list[tuple[str, str, str]] = [
     ("over-4-mib", "a: " + "x" * (4 * 1024 * 1024 + 1) + "\n", "larger than 4 MiB"),
     ("not-yaml", "apiVersion: [unclosed\n", "not valid YAML at line"),
     ("empty-file", "", "no documents found"),
+    # numbers JSON has no form for, and control characters, anywhere in any kind: one line each
+    (
+        "nan-learning-rate",
+        _TJ + "metadata: {name: x}\nspec:\n  trainer: {recipe: mlp, learningRate: .nan}\n",
+        "spec.trainer.learningRate: nan is not a number JSON can hold (.nan, .inf): give a finite number",
+    ),
+    (
+        "inf-in-free-config",
+        _TJ + "metadata: {name: x}\nspec:\n  trainer: {recipe: mlp, config: {scale: -.inf}}\n",
+        "spec.trainer.config.scale: -inf is not a number JSON can hold",
+    ),
+    (
+        "inf-in-a-modelservice",
+        "apiVersion: rayship.dev/v1alpha1\nkind: ModelService\nmetadata: {name: x}\n"
+        "spec:\n  resources: {cpus: .inf}\n",
+        "spec.resources.cpus: inf is not a number JSON can hold",
+    ),
+    (
+        "nul-in-time-zone",
+        "apiVersion: rayship.dev/v1alpha1\nkind: TrainingSchedule\nmetadata: {name: x}\n"
+        'spec: {schedule: "0 3 * * *", timeZone: "Europe/Paris\\0"}\n',
+        "spec.timeZone: holds the control character '\\x00': remove it",
+    ),
+    (
+        "escape-in-a-key",
+        _TJ + 'metadata: {name: x}\nspec:\n  trainer: {recipe: mlp, config: {"a\\eb": 1}}\n',
+        "spec.trainer.config: the key 'a\\x1bb' holds a control character: remove it",
+    ),
     ("only-comments", "# nothing here\n", "no documents found"),
     # metadata as the API server takes it: a namespace is a DNS-1123 label; YAML tags make no JSON
     *(

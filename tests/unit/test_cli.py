@@ -14,7 +14,14 @@ import yaml
 
 from rayship import cli
 from tests.conftest import SAMPLES, handed_document
-from tests.unit.bad_corpus import MESSAGE_CASES, RAYSHIP_ONLY_CASES, SPEC_CASES, TEXT_CASES, YAML_CASES
+from tests.unit.bad_corpus import (
+    MESSAGE_CASES,
+    METADATA_CASES,
+    RAYSHIP_ONLY_CASES,
+    SPEC_CASES,
+    TEXT_CASES,
+    YAML_CASES,
+)
 
 SAMPLE = SAMPLES / "trainingjob-ddp.yaml"
 
@@ -187,6 +194,40 @@ def test_yaml_numbers_are_read_as_kubernetes_reads_them(tmp_path: Path, capsys) 
     code, out, err = run(capsys, "render", "-f", str(path), "-o", "json")
     assert code == 0, err
     assert handed_document(json.loads(out)["items"])["spec"]["trainer"]["learningRate"] == 2e-05
+
+
+@pytest.mark.parametrize(("case", "mutate", "said"), METADATA_CASES, ids=[c[0] for c in METADATA_CASES])
+def test_labels_and_annotations_the_api_server_refuses_are_refused_first(
+    case: str, mutate, said: str, tmp_path: Path, capsys
+) -> None:
+    """No CRD rule holds metadata (the API server checks it itself; tests/operator/test_admission.py
+    proves it refuses these): rayship refuses them before anything is sent, in one line."""
+    doc = yaml.safe_load(SAMPLE.read_text())
+    mutate(doc)
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, out, err = run(capsys, "render", "-f", str(path))
+    assert (code, out) == (1, "") and said in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_yaml_merge_keys_merge_as_kubectl_reads_them(tmp_path: Path, capsys) -> None:
+    """`<<: *anchor` (kubectl accepts it) was refused as "not valid YAML": it merges, a key the mapping
+    gives itself wins over a merged one, and a key given twice is still refused."""
+    doc = yaml.safe_load(SAMPLE.read_text())
+    doc["spec"]["trainer"]["config"] = {"hidden": [8], "note": "own"}
+    expanded = tmp_path / "expanded.yaml"
+    expanded.write_text(yaml.safe_dump(doc))
+    doc["spec"]["trainer"]["config"] = "CONFIG"
+    text = yaml.safe_dump(doc).replace("CONFIG", "{<<: &defaults {hidden: [8], note: theirs}, note: own}")
+    merged = tmp_path / "merged.yaml"
+    merged.write_text(text)
+    code, out, err = run(capsys, "render", "-f", str(merged), "-o", "json")
+    assert code == 0, err
+    _, want, _ = run(capsys, "render", "-f", str(expanded), "-o", "json")
+    assert handed_document(json.loads(out)["items"]) == handed_document(json.loads(want)["items"])
+    merged.write_text(text.replace("note: own}", "note: own, note: again}"))
+    code, _, err = run(capsys, "render", "-f", str(merged))
+    assert code == 1 and "duplicate key 'note'" in err, err
 
 
 def test_an_unquoted_date_is_a_string_as_kubernetes_reads_it(tmp_path: Path, capsys) -> None:

@@ -263,6 +263,36 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
+# What the CRD's pattern takes but the NetworkPolicy the operator writes would be refused for: rayship
+# refuses it (the CLI, and the operator marks the service Invalid), naming the field.
+BAD_CIDRS = [
+    ("cidr-prefix-33", {"ipBlock": {"cidr": "10.0.0.0/33"}}, "spec.serveFrom[0].ipBlock: cidr: '10.0.0.0/33'"),
+    ("cidr-octet-999", {"ipBlock": {"cidr": "10.999.0.0/16"}}, "spec.serveFrom[0].ipBlock: cidr: '10.999.0.0/16'"),
+    (
+        "except-prefix-99",
+        {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/99"]}},
+        "spec.serveFrom[0].ipBlock: except: '10.1.0.0/99'",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "peer", "said"), BAD_CIDRS, ids=[b[0] for b in BAD_CIDRS])
+def test_a_cidr_the_api_server_would_refuse_is_refused_first(case, peer, said, tmp_path, capsys) -> None:
+    doc = load()
+    doc["spec"]["serveFrom"] = [peer]
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert cli.main(["render", "-f", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and said in err and "is not a CIDR" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_cidr_with_host_bits_is_taken_as_the_api_server_takes_it() -> None:
+    doc = load()
+    doc["spec"]["serveFrom"] = [{"ipBlock": {"cidr": "10.0.0.1/8"}}, {"ipBlock": {"cidr": "fd00::/8"}}]
+    assert len(parse(doc).spec.serve_from) == 2
+
+
 @pytest.mark.parametrize(("case", "change", "field"), BAD, ids=[b[0] for b in BAD])
 def test_bad_modelservice_is_rejected_by_cli_models_and_crd(
     case, change, field, tmp_path, capsys, modelservice_validator

@@ -107,6 +107,36 @@ def test_render_next_run_prints_the_next_run_and_what_it_becomes(capsys) -> None
     assert "RayJob" in [o["kind"] for o in objects] and "below is that run: a preview" in err
 
 
+# What Kubernetes' CronJob parser (robfig/cron v3) refuses and croniter took, in the parser's words.
+# The CRD's pattern cannot say these (numbers, not text): rayship does, at render and in the operator.
+CRONJOB_REFUSES = [
+    ("0 3 * * 7", "end of range (7) above maximum (6): 7"),
+    ("0 3 * * 5-1", "beginning of range (5) beyond end of range (1): 5-1"),
+    ("0 3 L * *", 'failed to parse int from L: strconv.Atoi: parsing "L": invalid syntax'),
+    ("0 3 * * 5L", 'failed to parse int from 5L: strconv.Atoi: parsing "5L": invalid syntax'),
+    ("0 0 0 * *", "beginning of range (0) below minimum (1): 0"),
+    ("*/0 * * * *", "step of range should be a positive number: */0"),
+]
+
+
+@pytest.mark.parametrize(("schedule", "words"), CRONJOB_REFUSES, ids=[c[0] for c in CRONJOB_REFUSES])
+def test_a_schedule_a_cronjob_refuses_is_refused_in_its_words(schedule: str, words: str) -> None:
+    doc = sample()
+    doc["spec"]["schedule"] = schedule
+    with pytest.raises(SpecError) as err:
+        parse(doc)
+    assert str(err.value) == f"spec.schedule: {schedule!r} is not a schedule a CronJob takes: {words}"
+
+
+@pytest.mark.parametrize(
+    "schedule", ["0 3 * * MON-FRI", "5/10 * * * ?", "0 0 1 jan,jul *", "*/15 0-6 * * sun", "@weekly"]
+)
+def test_a_schedule_a_cronjob_takes_is_taken(schedule: str) -> None:
+    doc = sample()
+    doc["spec"]["schedule"] = schedule
+    assert parse(doc).spec.schedule == schedule
+
+
 def test_render_refuses_a_bad_schedule_in_one_line(tmp_path, capsys) -> None:
     doc = copy.deepcopy(sample())
     doc["spec"]["schedule"] = "0 25 * * *"

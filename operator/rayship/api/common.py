@@ -4,10 +4,12 @@ secret references), metav1.Condition, and what the CRD generator knows of a kind
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "rayship.dev"
@@ -351,6 +353,17 @@ class IpBlock(ApiModel):
         None, alias="except", max_length=32, description="CIDRs inside cidr that are not allowed."
     )
 
+    @model_validator(mode="after")
+    def _cidrs_the_api_server_takes(self) -> IpBlock:
+        """The pattern only shapes a CIDR; the NetworkPolicy the operator writes would be refused for
+        /33 or an octet of 999 (checked here, as the API server parses it, host bits allowed)."""
+        for field, value in [("cidr", self.cidr), *(("except", c) for c in self.except_ or [])]:
+            try:
+                ipaddress.ip_network(value, strict=False)
+            except ValueError as err:
+                raise ValueError(f"{field}: {value!r} is not a CIDR ({err}); e.g. 10.0.0.0/8") from None
+        return self
+
 
 class NetworkPeer(ApiModel):
     """Who may connect (a networking/v1 NetworkPolicyPeer): pods by podSelector, in the namespaces of
@@ -397,6 +410,48 @@ class ObjectMeta(BaseModel):
     namespace: str | None = Field(None, max_length=63, pattern=DNS1123_LABEL_PATTERN, strict=True)
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_the_api_server_takes(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key, value in labels.items():
+            _qualified_name(key)
+            if len(value) > 63 or not re.match(LABEL_VALUE_PATTERN, value):
+                raise ValueError(
+                    f"{key}={value!r}: a label value is at most 63 letters, digits, '-', '_' and '.', "
+                    "starting and ending with a letter or digit (or empty): put longer text in an annotation"
+                )
+        return labels
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotations_the_api_server_takes(cls, annotations: dict[str, str]) -> dict[str, str]:
+        for key in annotations:
+            _qualified_name(key.lower())  # the API server checks annotation keys lowercased
+        size = sum(len(k) + len(v) for k, v in annotations.items())
+        if size > MAX_ANNOTATIONS_BYTES:
+            raise ValueError(f"{size} bytes in all: annotations may hold at most 256 KiB (keys and values)")
+        return annotations
+
+
+MAX_ANNOTATIONS_BYTES = 256 * 1024  # the API server's TotalAnnotationSizeLimitB
+
+
+def _qualified_name(key: str) -> None:
+    """A label or annotation key as the API server's IsQualifiedName takes it: [prefix/]name, the prefix
+    a DNS subdomain of at most 253, the name at most 63 characters."""
+    prefix, _, name = key.rpartition("/")
+    if (
+        not re.match(QUALIFIED_NAME_PATTERN, key)
+        or len(name) > 63
+        or len(prefix) > 253
+        or (prefix == "" and "/" in key)
+    ):
+        raise ValueError(
+            f"key {key!r} is not a qualified name: [prefix/]name, the name at most 63 letters, digits, '-', "
+            "'_' and '.' starting and ending with a letter or digit, the prefix a DNS subdomain "
+            "(lowercase, at most 253)"
+        )
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from rayship.api import cron
 from rayship.api.common import (
     INT32_MAX,
     ApiModel,
@@ -32,11 +33,11 @@ from rayship.api.trainingjob import PvcStorage, TrainingJobSpec
 MAX_SCHEDULE_NAME = 52
 
 # Five fields (minute hour day-of-month month day-of-week: numbers, names, *, ?, ranges, steps and
-# lists) or a macro, as CronJob takes them; values out of range are refused by croniter at
-# `rayship render` and by the operator (a condition), which the API server cannot parse.
+# lists) or a macro, as CronJob takes them; values out of range and reversed ranges are refused as a
+# CronJob refuses them (api/cron.py) at `rayship render` and by the operator (a condition).
 _CRON_ITEM = r"(\*|\?|[0-9A-Za-z]+(-[0-9A-Za-z]+)?)(/[0-9]+)?"
 _CRON_FIELD = rf"{_CRON_ITEM}(,{_CRON_ITEM})*"
-CRON_MACROS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
+CRON_MACROS = cron.DESCRIPTORS
 SCHEDULE_PATTERN = rf"^({_CRON_FIELD}( +{_CRON_FIELD}){{4}}|{'|'.join(CRON_MACROS)})$"
 
 # What a run's data may name: replaced in every string under jobTemplate.spec.data when the run is made.
@@ -203,7 +204,10 @@ class TrainingScheduleSpec(ApiModel):
     def _parses(cls, value: str) -> str:
         from croniter import croniter  # the operator and the CLI: not the workloads
 
-        if not croniter.is_valid(value) or len(value.split()) not in (1, 5):
+        refused = cron.problem(value)
+        if refused is not None:
+            raise ValueError(f"{value!r} is not a schedule a CronJob takes: {refused}")
+        if not croniter.is_valid(value):
             raise ValueError(
                 f"{value!r} is not a cron schedule: five fields (minute 0-59, hour 0-23, "
                 "day of month 1-31, month 1-12, day of week 0-6) or a macro such as @daily"

@@ -4,6 +4,7 @@ and says how to fix it. Used by the CLI and by the operator (same rules, same wo
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import types
 import typing
@@ -171,6 +172,9 @@ def problems(model: type[BaseModel], err: ValidationError) -> list[str]:
 
 
 INT64 = (-(2**63), 2**63 - 1)
+# Control characters (tab, newline and carriage return aside): no field means one, and a NUL byte
+# reached the standard library as a traceback (`ValueError: embedded null byte`, a time zone).
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 # What YAML's explicit tags make that JSON (what the API server stores) has no type for, and the fix.
@@ -190,29 +194,47 @@ def _storable(value: Any) -> bool:
         kind = type(item)
         if kind is dict:
             stack.extend(item.values())
+            stack.extend(item)  # the keys: a string's control characters count there too
+        elif kind is str:
+            if _CONTROL.search(item):
+                return False
+        elif kind is float:
+            if not math.isfinite(item):
+                return False
         elif kind is list:
             stack.extend(item)
         elif kind is int:
             if not low <= item <= high:
                 return False
-        elif kind not in (str, float, bool, type(None)):
+        elif kind not in (bool, type(None)):
             return False  # a subclass, or what a YAML tag made: `_unstorable` looks closer
     return True
 
 
 def _unstorable(value: Any, path: str) -> Iterator[str]:
-    """What Kubernetes cannot store, anywhere in a document, by path: integers beyond int64 and
-    values a YAML tag made that are not JSON (!!binary, !!set, !!timestamp)."""
+    """What Kubernetes cannot store, anywhere in a document, by path: integers beyond int64, numbers
+    JSON has no form for (.nan, .inf), control characters in a string or a key, and values a YAML tag
+    made that are not JSON (!!binary, !!set, !!timestamp)."""
     stack = [(value, path)]
     while stack:
         item, where = stack.pop()
-        if isinstance(item, bool | str | float | None):
+        if isinstance(item, str):
+            bad = _CONTROL.search(item)
+            if bad:
+                yield f"{where}: holds the control character {bad.group()!r}: remove it"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                yield f"{where}: {item} is not a number JSON can hold (.nan, .inf): give a finite number"
+        elif isinstance(item, bool | None):
             continue
-        if isinstance(item, int):
+        elif isinstance(item, int):
             if not INT64[0] <= item <= INT64[1]:
                 yield f"{where}: integer out of range: it must fit in 64 bits (-2^63 to 2^63-1)"
         elif isinstance(item, Mapping):
             stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in item.items())
+            for key in item:
+                if isinstance(key, str) and _CONTROL.search(key):
+                    yield f"{where or 'document'}: the key {key!r} holds a control character: remove it"
         elif isinstance(item, list):
             stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
         else:

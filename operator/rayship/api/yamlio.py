@@ -36,11 +36,14 @@ class YAMLLimitError(yaml.YAMLError):
 
 class Loader(_Base):
     """SafeLoader (C parser if available) plus YAML 1.2 floats written without a dot (1e-3, 2E+5)
-    and duplicate-key rejection."""
+    and duplicate-key rejection. Merge keys (`<<: *anchor`) merge, as kubectl's reader does: a key the
+    mapping gives itself wins over a merged one (not a duplicate); a key given twice is."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _value in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # SafeConstructor.flatten_mapping merges it below
             key = self.construct_object(key_node, deep=True)
             try:
                 duplicate = key in seen
