@@ -178,6 +178,54 @@ SPEC_CASES: list[tuple[str, Callable[[Doc], None], str]] = [
         "spec.env[0].valueFrom",
     ),
     ("env-duplicate", _set("spec.env", [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]), "spec"),
+    # credentials where the object is readable: around, before the host, in the query, in pip's entries
+    (
+        "uri-leading-blank-credential",
+        _set("spec.tracking", {"mlflow": {"trackingUri": " https://u:pw@mlflow.example.com"}}),
+        "spec.tracking.mlflow.trackingUri",
+    ),
+    (
+        "uri-presigned-s3",
+        _set(
+            "spec.data",
+            {
+                "source": "uri",
+                "format": "parquet",
+                "uri": "https://b.s3.amazonaws.com/d.parquet?X-Amz-Credential=A&X-Amz-Signature=f00",
+            },
+        ),
+        "data.uri: a signature or token in the query",
+    ),
+    (
+        "uri-azure-sas",
+        _set("spec.checkpoint.storage", {"uri": "abfs://c@acct.dfs.core.windows.net/ck?sv=2024&sig=abc"}),
+        "checkpoint.storage.uri: a signature or token in the query",
+    ),
+    (
+        "pip-index-url",
+        _set("spec.runtimeEnv", {"pip": ["--index-url https://u:pw@pypi.example.com/simple"]}),
+        "runtimeEnv.pip: pip options",
+    ),
+    (
+        "pip-requirements-file",
+        _set("spec.runtimeEnv", {"pip": ["-r /etc/passwd"]}),
+        "runtimeEnv.pip: pip options",
+    ),
+    (
+        "pip-extra-index",
+        _set("spec.runtimeEnv", {"pip": ["torch", " --extra-index-url=https://evil.example"]}),
+        "runtimeEnv.pip: pip options",
+    ),
+    (
+        "pip-git-token",
+        _set("spec.runtimeEnv", {"pip": ["git+https://me:ghp_x@github.com/o/r.git"]}),
+        "runtimeEnv.pip: a credential",
+    ),
+    (
+        "pip-direct-url-signed",
+        _set("spec.runtimeEnv", {"pip": ["pkg @ https://h.example/p.whl?token=t"]}),
+        "runtimeEnv.pip: a credential",
+    ),
     ("env-reserved", _set("spec.env", [{"name": "RAYSHIP_TRAININGJOB", "value": "x"}]), "spec.env"),
     ("env-gpu-runtime", _set("spec.env", [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]), "spec.env"),
     (

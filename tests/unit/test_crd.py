@@ -184,3 +184,18 @@ def test_every_env_list_of_every_kind_refuses_the_reserved_names() -> None:
     kinds = {f.split(":")[0] for f in found}
     assert kinds == {"trainingjobs.rayship.dev", "modelservices.rayship.dev", "trainingschedules.rayship.dev"}
     assert any(f.endswith(".application.runtimeEnv.envVars") for f in found), found
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "abfs://checkpoints@acct.dfs.core.windows.net/runs",  # container@account: no credential
+        "s3://bucket/runs?versionId=3",  # a query that signs nothing
+        "gs://bucket/runs",
+    ],
+)
+def test_uris_that_hold_no_credential_are_taken(uri: str, trainingjob_validator) -> None:
+    doc = yaml.safe_load((SAMPLES / "trainingjob-ddp.yaml").read_text())
+    doc["spec"]["checkpoint"]["storage"] = {"uri": uri}
+    assert trainingjob_validator.errors(doc) == []
+    assert parse(doc).spec.checkpoint.storage.uri == uri

@@ -245,6 +245,28 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
         {"model": {"uri": "https://hf_token123@models.example.com/llama"}},
         "model.uri: a credential in the URI",
     ),
+    ("model-uri-leading-blank", {"model": {"uri": " s3://AKIA:secret@bucket/m"}}, "model.uri: a credential"),
+    (
+        "model-uri-azure-sas",
+        {"model": {"uri": "https://a.blob.core.windows.net/c/m?sv=1&sig=x"}},
+        "model.uri: a signature",
+    ),
+    (
+        "model-uri-gcs-signed",
+        {"model": {"uri": "https://storage.googleapis.com/b/m?X-Goog-Signature=1"}},
+        "model.uri: a signature",
+    ),
+    (
+        "application-pip-index",
+        {
+            "model": {"uri": "s3://b/m"},
+            "application": {
+                "importPath": "app:app_builder",
+                "runtimeEnv": {"pip": ["-i https://u:p@idx.example"]},
+            },
+        },
+        "spec.application.runtimeEnv: runtimeEnv.pip: pip options",
+    ),
     # every env list of every kind: a CPU pod with NVIDIA_VISIBLE_DEVICES=all sees its node's GPUs
     ("env-gpu-runtime", {"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}, "spec.env"),
     ("env-gpu-mig-monitor", {"env": [{"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"}]}, "spec.env"),

@@ -105,15 +105,66 @@ def said_with_values(*parts: str) -> str:
     return f"{text!r}.format([{values}])"
 
 
+# Query parameters that carry a credential: an S3 or GCS presigned URL's signature, an Azure SAS's
+# `sig`, a bearer token or an API key in the query.
+SIGNATURE_PARAMS = (
+    "x-amz-signature", "x-amz-credential", "x-amz-security-token", "x-goog-signature", "x-goog-credential",
+    "sig", "signature", "token", "access_token", "api_key", "apikey", "key",
+)  # fmt: skip
+_CREDENTIAL_IN_URI = "[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#\\\\s]*@"
+# Azure's container@account is no credential (abfs://container@account.dfs.core.windows.net/path).
+_AZURE_CONTAINER = "^(abfss?|wasbs?)://[-a-z0-9]+@"
+_SIGNATURE_IN_QUERY = "(?i)[?&](" + "|".join(SIGNATURE_PARAMS) + ")="
+_BY_REFERENCE = (
+    "is readable by anyone who can read this object; remove it and give it by reference: "
+    "spec.env[].valueFrom.secretKeyRef (e.g. MLFLOW_TRACKING_PASSWORD, AWS_SECRET_ACCESS_KEY)"
+)
+
+
 def no_credentials_rule(field: str, path: str) -> CelRule:
-    """A URI field holds no credential (`user:password@` or `token@`): the object, and the RayJob or
-    RayService made from it, are readable by anyone who may `get` them, and Ray shows the job's entrypoint
-    on its dashboard. Credentials reach the workload by reference, as environment variables."""
+    """A URI field holds no credential (`user:password@` or `token@`, blanks before it or not): the
+    object, and the RayJob or RayService made from it, are readable by anyone who may `get` them, and Ray
+    shows the job's entrypoint on its dashboard. Credentials reach the workload by reference, as
+    environment variables. See `uri_rules` for the whole set a URI field takes."""
     return CelRule(
-        f"!has(self.{field}) || !self.{field}.matches('^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*@')",
-        f"{path}: a credential in the URI (user:password@ or token@) is readable by anyone who can read "
-        "this object; remove it and give it by reference: spec.env[].valueFrom.secretKeyRef (e.g. "
-        "MLFLOW_TRACKING_PASSWORD, AWS_SECRET_ACCESS_KEY)",
+        f"!has(self.{field}) || !self.{field}.matches('^\\\\s*{_CREDENTIAL_IN_URI}') || "
+        f"self.{field}.matches('{_AZURE_CONTAINER}')",
+        f"{path}: a credential in the URI (user:password@ or token@) {_BY_REFERENCE}",
+    )
+
+
+def uri_rules(field: str, path: str) -> tuple[CelRule, ...]:
+    """What every URI field takes: no blanks around it (a leading one hid a credential from the rule),
+    no credential before the host, no signature or token in the query (a presigned S3 URL, an Azure SAS)."""
+    return (
+        CelRule(
+            f"!has(self.{field}) || !self.{field}.matches('^\\\\s|\\\\s$')",
+            f"{path}: blanks before or after the URI: remove them",
+        ),
+        no_credentials_rule(field, path),
+        CelRule(
+            f"!has(self.{field}) || !self.{field}.matches('{_SIGNATURE_IN_QUERY}')",
+            f"{path}: a signature or token in the query (X-Amz-Signature, sig=, token=, ...) {_BY_REFERENCE}; "
+            "give the plain URI",
+        ),
+    )
+
+
+def pip_rules(field: str, path: str) -> tuple[CelRule, ...]:
+    """What a list of pip requirements takes: packages, not pip's options (`-r /etc/passwd` reads a
+    local file, `--extra-index-url` invites dependency confusion, `--index-url` often holds a password),
+    and no credential or signature in any entry (`git+https://user:token@...`, `pkg @ https://...?sig=`)."""
+    guard = f"!has(self.{field}) || self.{field}.all(p, "
+    return (
+        CelRule(
+            guard + "!p.matches('^\\\\s*-'))",
+            f"{path}: pip options (-r, -e, -c, -f, --index-url, --extra-index-url, ...) are not taken: list "
+            "packages only; a private index belongs in the image's pip configuration",
+        ),
+        CelRule(
+            guard + f"!p.matches('{_CREDENTIAL_IN_URI}') && !p.matches('{_SIGNATURE_IN_QUERY}'))",
+            f"{path}: a credential in a package's URL (user:token@, or a signature in its query) {_BY_REFERENCE}",
+        ),
     )
 
 

@@ -26,9 +26,9 @@ from rayship.api.common import (
     Tolerations,
     cpu_rule,
     memory_rule,
-    no_credentials_rule,
     said_with_values,
     sub,
+    uri_rules,
 )
 from rayship.api.trainingjob import HeadSpec, PvcStorage, RuntimeEnvSpec, TrainingJob
 
@@ -61,7 +61,7 @@ class ModelSource(ApiModel):
     model's URI."""
 
     cel_rules: ClassVar = (
-        no_credentials_rule("uri", "model.uri"),
+        *uri_rules("uri", "model.uri"),
         CelRule(
             "[has(self.fromTrainingJob), has(self.fromTrainingSchedule), has(self.uri)].filter(x, x).size() == 1",
             "set exactly one of fromTrainingJob, fromTrainingSchedule or uri (in spec.model, or in each entry "

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from rayship.api.common import ENTRYPOINT_PATTERN, ApiModel, CelRule, no_credentials_rule
+from rayship.api.common import ENTRYPOINT_PATTERN, ApiModel, CelRule, uri_rules
 
 # --- TrainingJob spec --------------------------------------------------------------------------
 
@@ -70,7 +70,7 @@ class MlflowTracking(ApiModel):
     the trainer's settings as params, every epoch's metrics, and the checkpoint and model URIs."""
 
     cel_rules: ClassVar = (
-        no_credentials_rule("trackingUri", "tracking.mlflow.trackingUri"),
+        *uri_rules("trackingUri", "tracking.mlflow.trackingUri"),
         CelRule(
             "has(self.trackingUri)",
             "tracking.mlflow.trackingUri is required in a cluster (http(s)://your-mlflow-server); "

@@ -35,10 +35,11 @@ from rayship.api.common import (
     data_uri_rule,
     memory_rule,
     name_rule,
-    no_credentials_rule,
+    pip_rules,
     reserved_env_rule,
     said_with_values,
     sub,
+    uri_rules,
 )
 from rayship.api.trainer import TrackingSpec, TrainerSpec
 from rayship.api.tuning import TuningSpec
@@ -50,7 +51,7 @@ class ValidationDataSpec(ApiModel):
     """Held-out data evaluated after every epoch (`evalLoss`, and `perplexity` for causal-lm)."""
 
     cel_rules: ClassVar = (
-        no_credentials_rule("uri", "data.validation.uri"),
+        *uri_rules("uri", "data.validation.uri"),
         CelRule(
             "has(self.fraction) != has(self.uri)",
             "set exactly one of data.validation.fraction (a share of the training data) or data.validation.uri",
@@ -83,7 +84,7 @@ class DataSpec(ApiModel):
     """Training data, read through Ray Data and sharded across workers."""
 
     cel_rules: ClassVar = (
-        no_credentials_rule("uri", "data.uri"),
+        *uri_rules("uri", "data.uri"),
         CelRule(
             "(self.source == 'uri') == has(self.uri)",
             "data.uri is required when source is uri, and only then",
@@ -194,7 +195,7 @@ class CheckpointStorage(ApiModel):
     """Where checkpoints live: a PVC or an object-store URI."""
 
     cel_rules: ClassVar = (
-        no_credentials_rule("uri", "checkpoint.storage.uri"),
+        *uri_rules("uri", "checkpoint.storage.uri"),
         CelRule("has(self.pvc) != has(self.uri)", "set exactly one of checkpoint.storage.pvc or .uri"),
     )
     pvc: PvcStorage | None = Field(None, description="A PersistentVolumeClaim mounted on every pod.")
@@ -271,7 +272,8 @@ class RuntimeEnvSpec(ApiModel):
     """Code and packages shipped with the job (Ray's runtime environment) instead of baked into an image."""
 
     cel_rules: ClassVar = (
-        no_credentials_rule("workingDir", "runtimeEnv.workingDir"),
+        *uri_rules("workingDir", "runtimeEnv.workingDir"),
+        *pip_rules("pip", "runtimeEnv.pip"),
         CelRule(
             "!has(self.workingDir) || self.workingDir.matches('"
             + WORKING_DIR_URI_PATTERN.replace("\\", "\\\\")
