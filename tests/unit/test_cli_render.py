@@ -265,3 +265,41 @@ def test_run_serve_and_demo_still_take_one_document_of_their_kind(
         f"error: {SAMPLES / 'checkpoints-pvc.yaml'}: kind: 'PersistentVolumeClaim' is not a rayship kind; "
         "expected one of: TrainingJob, ModelService, TrainingSchedule\n"
     )
+
+
+def test_render_warns_of_what_a_modelservice_makes_readable_or_runs(tmp_path: Path, capsys) -> None:
+    """A ModelService's plain env is written into the RayService's pod templates, application.args and
+    vllm.engineArgs into serveConfigV2, as they are: secret-looking names are warned of (keys that are
+    settings, such as max_tokens or tokenizer, are not), and trust_remote_code is named. The render
+    goes on (exit 0): these are likely, not certain."""
+    own = copy.deepcopy(MS)
+    own["metadata"]["name"] = "own"
+    own["spec"]["env"] = [{"name": "HF_TOKEN", "value": "hf_abc"}, {"name": "LOG_LEVEL", "value": "info"}]
+    own["spec"]["application"] = {
+        "importPath": "app:app_builder",
+        "args": {"max_tokens": 64, "tokenizer": "gpt2", "db": {"password": "pw"}, "api_key": ""},
+    }
+    vllm = yaml.safe_load((Path(__file__).parent / "specs" / "modelservice-vllm.yaml").read_text())
+    vllm["spec"]["vllm"]["engineArgs"] = {
+        "trust_remote_code": True,
+        "max_num_batched_tokens": 4096,
+        "hf_token": "x",
+    }
+    path = tmp_path / "services.yaml"
+    path.write_text(yaml.safe_dump_all([TJ, own, vllm]))
+    assert cli.main(["render", "-f", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("kind: RayService") == 2
+    warned = sorted(
+        line.split(": ")[2]
+        for line in err.splitlines()
+        if line.startswith("warning: ")
+        and "fromTrainingJob" not in line  # the vLLM spec's model is elsewhere
+    )
+    assert warned == [
+        "spec.application.args.db.password",
+        "spec.env[0] HF_TOKEN",
+        "spec.vllm.engineArgs.hf_token",
+        "spec.vllm.engineArgs.trust_remote_code",
+    ], err
+    assert "trust_remote_code: true runs the Python code that comes with the model's files" in err

@@ -87,7 +87,10 @@ def render_documents(
             from rayship.controller import (
                 modelservice,  # on first use: a TrainingJob's render does without it
             )
+            from rayship.controller.readable import modelservice_warnings
 
+            for warning in modelservice_warnings(obj):
+                print(f"warning: {label}: {warning}", file=sys.stderr)
             volume = obj.spec.storage.pvc if obj.spec.storage else None
             model = _offline_model(obj, label, jobs)
             objects.extend(modelservice.network_policy(obj, config))
