@@ -124,6 +124,25 @@ def test_forbid_waits_for_the_active_run_then_runs_the_time_it_missed() -> None:
     assert freed.create["metadata"]["annotations"][names.ANNOTATION_SCHEDULED_TIME] == "2026-11-27T02:00:00Z"
 
 
+def test_allow_starts_no_more_than_max_active_runs_and_the_next_waits_its_turn() -> None:
+    """`* * * * *` with Allow started a whole Ray cluster every minute while the earlier runs waited for
+    GPUs: beyond maxActive (default 3) a due run waits, as under Forbid, and runs when one ends."""
+    ts = schedule({"lastScheduleTime": "2026-11-27T03:00:00Z"})
+    assert ts["spec"].get("maxActive") is None  # the default holds
+    three = [run(utc(2026, 11, 27, h)) for h in (1, 2, 3)]
+    full = plan(ts, three, utc(2026, 11, 27, 4, 0, 5))
+    assert full.create is None and full.status["lastScheduleTime"] == "2026-11-27T03:00:00Z"
+    cond = full.status["conditions"][0]
+    assert (
+        cond["reason"] == "TooManyActive" and cond["status"] == "True" and reasons(full) == ["TooManyActive"]
+    )
+    assert "3 runs active, maxActive is 3" in cond["message"]
+    one_done = [*three[1:], done(utc(2026, 11, 27, 1), "Succeeded", 0.1)]
+    freed = plan(after(ts, full), one_done, utc(2026, 11, 27, 4, 20))
+    assert freed.create["metadata"]["annotations"][names.ANNOTATION_SCHEDULED_TIME] == "2026-11-27T04:00:00Z"
+    assert plan(schedule(ts["status"], maxActive=4), three, utc(2026, 11, 27, 4, 0, 5)).create is not None
+
+
 def test_forbid_with_a_starting_deadline_misses_a_time_that_waited_too_long() -> None:
     ts = schedule(
         {"lastScheduleTime": "2026-11-27T01:00:00Z"}, concurrencyPolicy="Forbid", startingDeadlineSeconds=600

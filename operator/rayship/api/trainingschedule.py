@@ -189,6 +189,13 @@ class TrainingScheduleSpec(ApiModel):
         description="A run due while an earlier one is active: Allow (both run), Forbid (the new one is "
         "missed) or Replace (the active ones are deleted first).",
     )
+    max_active: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description="With concurrencyPolicy Allow, at most this many runs at once (each a whole Ray "
+        "cluster): a run due beyond it waits, as under Forbid, until one ends (status reason TooManyActive).",
+    )
     suspend: bool = Field(False, description="No new runs while true (active runs go on).")
     successful_jobs_history_limit: int = Field(
         3, ge=0, le=100, description="Succeeded runs kept (the promoted run is always kept)."

@@ -164,6 +164,15 @@ def _schedule(
                     "still active (concurrencyPolicy Forbid)"
                 ),
             )
+        elif spec.concurrency_policy == "Allow" and len(active) >= spec.max_active:
+            # `* * * * *` would otherwise start a Ray cluster a minute while earlier runs wait for GPUs
+            reason, message = (
+                "TooManyActive",
+                (
+                    f"the run due at {rfc3339(found.time)} waits: {len(active)} runs active, maxActive is "
+                    f"{spec.max_active} ({', '.join(r.name for r in active)})"
+                ),
+            )
         else:
             if spec.concurrency_policy == "Replace" and active:
                 delete = (*delete, *active)
@@ -179,7 +188,7 @@ def _schedule(
     status["nextScheduleTime"] = rfc3339(wake) if wake else None
     if wake is None:
         reason, message = "NeverDue", f"schedule {spec.schedule!r} has no time due in the next five years"
-    conditions = [condition(current, CONDITION, reason in ("Scheduled", "Forbidden", "MissedSchedule"),
+    conditions = [condition(current, CONDITION, reason in ("Scheduled", "Forbidden", "TooManyActive", "MissedSchedule"),
                             reason, message, status["observedGeneration"], now)]  # fmt: skip
     if reason != "Scheduled" and _changed(current, conditions[0]):
         events.append(Event("Warning" if reason == "NeverDue" else "Normal", reason, message))
