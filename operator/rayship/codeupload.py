@@ -15,6 +15,7 @@ import uuid
 from typing import Any
 
 from rayship.api import names
+from rayship.cli.kube import TIMEOUT
 from rayship.codepack import Shipment
 from rayship.config import OperatorConfig
 from rayship.controller.conditions import pod_problem
@@ -119,7 +120,7 @@ def upload(core: Any, shipment: Shipment, namespace: str, image: str, config: Op
 
     claim = shipment.claim.claim_name
     try:
-        core.read_namespaced_persistent_volume_claim(claim, namespace)
+        core.read_namespaced_persistent_volume_claim(claim, namespace, _request_timeout=TIMEOUT)
     except ApiException as err:
         if err.status != 404:
             raise
@@ -130,13 +131,13 @@ def upload(core: Any, shipment: Shipment, namespace: str, image: str, config: Op
         ) from None
     pod = uploader_pod(shipment, namespace, image, config)
     name = pod["metadata"]["name"]
-    core.create_namespaced_pod(namespace, pod)
+    core.create_namespaced_pod(namespace, pod, _request_timeout=TIMEOUT)
     try:
         _running(core, name, namespace, shipment)
         return _send(core, name, namespace, shipment)
     finally:
         try:
-            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0, _request_timeout=TIMEOUT)
         except ApiException as err:
             if err.status != 404:
                 raise
@@ -145,7 +146,7 @@ def upload(core: Any, shipment: Shipment, namespace: str, image: str, config: Op
 def _running(core: Any, name: str, namespace: str, shipment: Shipment) -> None:
     deadline = time.monotonic() + READY_SECONDS
     while True:
-        found = core.read_namespaced_pod(name, namespace)
+        found = core.read_namespaced_pod(name, namespace, _request_timeout=TIMEOUT)
         if found.status.phase == "Running":
             return
         problem = pod_problem([core.api_client.sanitize_for_serialization(found)])

@@ -28,7 +28,7 @@ from typing import Any, cast
 from rayship import api
 from rayship.api import names
 from rayship.api.validation import SpecError, parse_trainingjob
-from rayship.cli.kube import connect, status_body, talking
+from rayship.cli.kube import TIMEOUT, connect, status_body, talking
 from rayship.controller.conditions import pod_problem
 
 TRAININGJOB_REFS = ("tj", "trainingjob", "trainingjobs")
@@ -148,7 +148,7 @@ def reader_pod(where: Target, script: str, image: str) -> dict[str, Any]:
 def _running_pods(core: Any, namespace: str, kind: str, name: str, node_type: str) -> list[str]:
     """The running Ray pods (`head` or `worker`) made for `kind/name`, by name."""
     selector = f"{names.owner_label(kind)}={name},ray.io/node-type={node_type}"
-    pods = core.list_namespaced_pod(namespace, label_selector=selector).items
+    pods = core.list_namespaced_pod(namespace, label_selector=selector, _request_timeout=TIMEOUT).items
     return sorted(
         p.metadata.name for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp
     )
@@ -182,11 +182,11 @@ def _reader(core: Any, where: Target, script: str, image: str) -> int:
 
     pod = reader_pod(where, script, image)
     name = pod["metadata"]["name"]
-    core.create_namespaced_pod(where.namespace, pod)
+    core.create_namespaced_pod(where.namespace, pod, _request_timeout=TIMEOUT)
     try:
         deadline = time.monotonic() + READER_SECONDS
         while True:
-            found = core.read_namespaced_pod(name, where.namespace)
+            found = core.read_namespaced_pod(name, where.namespace, _request_timeout=TIMEOUT)
             if found.status.phase in ("Succeeded", "Failed"):
                 break
             if time.monotonic() > deadline:
@@ -194,14 +194,16 @@ def _reader(core: Any, where: Target, script: str, image: str) -> int:
                     f"the reader pod {name} did not finish in {READER_SECONDS}s: {_why(core, found)}"
                 )
             time.sleep(0.5)
-        text = core.read_namespaced_pod_log(name, where.namespace, container="logs")
+        text = core.read_namespaced_pod_log(name, where.namespace, container="logs", _request_timeout=TIMEOUT)
         (state,) = found.status.container_statuses or [None]
         code = state.state.terminated.exit_code if state and state.state.terminated else 1
         (sys.stdout if code == 0 else sys.stderr).write(text)
         return int(code)
     finally:
         try:
-            core.delete_namespaced_pod(name, where.namespace, grace_period_seconds=0)
+            core.delete_namespaced_pod(
+                name, where.namespace, grace_period_seconds=0, _request_timeout=TIMEOUT
+            )
         except ApiException as err:
             if err.status != 404:
                 raise
@@ -253,7 +255,7 @@ def _show_trainingjob(
     group, version, plural = api.TRAININGJOBS
     try:
         obj = kubernetes.client.CustomObjectsApi(client).get_namespaced_custom_object(
-            group, version, namespace, plural, name
+            group, version, namespace, plural, name, _request_timeout=TIMEOUT
         )
     except ApiException as err:
         if err.status == 404 and status_body(err.body)[1].get("name"):
@@ -298,7 +300,9 @@ def _from_object_storage(
         group, version, plural = api.TRAININGJOBS
         obj = cast(
             dict[str, Any],
-            custom.get_namespaced_custom_object(group, version, where.namespace, plural, where.name),
+            custom.get_namespaced_custom_object(
+                group, version, where.namespace, plural, where.name, _request_timeout=TIMEOUT
+            ),
         )
         return str((obj.get("status") or {}).get("phase")) not in api.TERMINAL_PHASES
 

@@ -25,7 +25,9 @@ TOP_FLOOR = {
     "rayship.cli",
     "rayship.serve_local",
     "rayship.joblogs",
-}  # the CLI (the package rayship.cli, each of its modules); `rayship serve -f` and `rayship logs` behind it
+    "rayship.codeupload",
+}  # the CLI (the package rayship.cli, each of its modules); `rayship serve -f`, `rayship logs` and
+# `rayship apply`'s code upload behind it
 
 
 def top_floor(name: str) -> bool:

@@ -115,6 +115,11 @@ def epoch_line(record: dict[str, Any], epochs: int) -> str:
     return f"epoch {record['epoch']}/{epochs}  step {record['step']}{shown}{stopped}"
 
 
+# Seconds to connect, then for the answer, of a status patch: a hung API server must not stall the
+# training loop that reports (the patch is retried at the next report).
+PATCH_TIMEOUT = (5.0, 15.0)
+
+
 class TrainingJobStatus:
     """Merge-patches `status` of one TrainingJob from inside the cluster (service account token)."""
 
@@ -144,8 +149,9 @@ class TrainingJobStatus:
                 self._api = kubernetes.client.CustomObjectsApi()
             group, version, plural = api.TRAININGJOBS
             self._api.patch_namespaced_custom_object_status(
-                group, version, self.namespace, plural, self.name, {"status": status}
-            )
+                group, version, self.namespace, plural, self.name, {"status": status},
+                _request_timeout=PATCH_TIMEOUT,
+            )  # fmt: skip
             return True
         except (ApiException, HTTPError, OSError, kubernetes.config.ConfigException) as err:
             log.warning(

@@ -169,7 +169,9 @@ def _apply(conn: kube.Connection, doc: dict[str, Any], dry: bool) -> None:
         except ResourceNotFoundError:
             raise kube.not_served(conn, f"{doc.get('kind')} ({doc.get('apiVersion')})") from None
         try:
-            before = resource.get(name=name, namespace=namespace).metadata.resourceVersion
+            before = resource.get(
+                name=name, namespace=namespace, _request_timeout=kube.TIMEOUT
+            ).metadata.resourceVersion
         except DynamicApiError as err:
             if err.status != 404:
                 raise _said(conn, err, what) from None

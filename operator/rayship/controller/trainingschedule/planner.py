@@ -156,23 +156,8 @@ def _schedule(
         active = [r for r in runs if r.active]
         if any(r.name == run_name for r in runs):
             status["lastScheduleTime"] = rfc3339(found.time)  # made before; its status write was lost
-        elif spec.concurrency_policy == "Forbid" and active:
-            reason, message = (
-                "Forbidden",
-                (
-                    f"the run due at {rfc3339(found.time)} waits: {', '.join(r.name for r in active)} "
-                    "still active (concurrencyPolicy Forbid)"
-                ),
-            )
-        elif spec.concurrency_policy == "Allow" and len(active) >= spec.max_active:
-            # `* * * * *` would otherwise start a Ray cluster a minute while earlier runs wait for GPUs
-            reason, message = (
-                "TooManyActive",
-                (
-                    f"the run due at {rfc3339(found.time)} waits: {len(active)} runs active, maxActive is "
-                    f"{spec.max_active} ({', '.join(r.name for r in active)})"
-                ),
-            )
+        elif waits := _waits(spec, active, found.time):
+            reason, message = waits
         else:
             if spec.concurrency_policy == "Replace" and active:
                 delete = (*delete, *active)
@@ -194,6 +179,24 @@ def _schedule(
         events.append(Event("Warning" if reason == "NeverDue" else "Normal", reason, message))
     status["conditions"] = conditions
     return SchedulePlan(create, delete, _clean(status), tuple(events), wake)
+
+
+def _waits(spec: api.TrainingScheduleSpec, active: list[Run], due: datetime) -> tuple[str, str] | None:
+    """Why the run due at `due` waits for an active one to end (reason, message), or None: Forbid, or
+    Allow with maxActive runs active (`* * * * *` would otherwise start a Ray cluster a minute while
+    the earlier runs wait for GPUs)."""
+    running = ", ".join(r.name for r in active)
+    if spec.concurrency_policy == "Forbid" and active:
+        return (
+            "Forbidden",
+            f"the run due at {rfc3339(due)} waits: {running} still active (concurrencyPolicy Forbid)",
+        )
+    if spec.concurrency_policy == "Allow" and len(active) >= spec.max_active:
+        return "TooManyActive", (
+            f"the run due at {rfc3339(due)} waits: {len(active)} runs active, maxActive is {spec.max_active} "
+            f"({running})"
+        )
+    return None
 
 
 def _created(run_name: str, found: cron.Due) -> Event:
