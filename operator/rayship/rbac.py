@@ -64,10 +64,11 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "resources": ["networkpolicies"],
         "verbs": ["get", "create", "patch"],
     },
-    {  # each ModelService's Ray token Secret, each TrainingJob's spec Secret: created, never read
+    {  # each ModelService's Ray token Secret, each TrainingJob's spec Secret: created, never read;
+        # patched only where one of its name exists, with tests that it is the owner's (k8s.ensure)
         "apiGroups": [""],
         "resources": ["secrets"],
-        "verbs": ["create"],
+        "verbs": ["create", "patch"],
     },
     {  # Serve's own application state from the Ray dashboard, as KubeRay reaches it
         "apiGroups": [""],

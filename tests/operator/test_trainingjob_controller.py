@@ -4,6 +4,7 @@ the pods kwok runs, the real garbage collector cleans up, and the status follows
 
 from __future__ import annotations
 
+import base64
 import time
 from datetime import datetime
 from typing import Any
@@ -469,6 +470,48 @@ def test_someone_elses_serviceaccount_is_never_borrowed(kube: Kube, operator) ->
     )
     assert cond["reason"] == "WorkloadIdentityTaken" and "deployer-workload" in cond["message"]
     assert kube.get(RJ, "deployer") is None
+
+
+def test_a_spec_secret_planted_under_its_current_name_is_never_used(kube: Kube, operator) -> None:
+    """The spec Secret's name is in the RayJob for anyone who may read it. Whoever may also delete and
+    create Secrets in the namespace can replace ours with one of that name holding a spec they wrote,
+    and the operator, which never reads a Secret, took any Secret of that name as its own when it made
+    the RayJob again. It now claims one only by a JSON patch whose tests (the job's ownerReferences,
+    the type) the API server checks: its own passes (the RayJob is made again), a planted one fails
+    (SecretNameTaken, a Warning, no RayJob)."""
+    kube.pvc()
+    kube.create(TJ, sample("planted", suspend=True))
+    rayjob = rayjob_of(kube, "planted")
+    (volume,) = [v for v in rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["volumes"]
+                 if v["name"] == names.SPEC_VOLUME]  # fmt: skip
+    secret_name = volume["secret"]["secretName"]
+    ours = kube.core.read_namespaced_secret(secret_name, kube.namespace).data
+    # its own Secret is there when the RayJob is made again (the RayJob deleted): claimed, unchanged
+    kube.delete(RJ, names.rayjob_name("planted"))
+    wait_for(
+        lambda: (rj := kube.get(RJ, names.rayjob_name("planted"))) and rj["metadata"]["uid"] != rayjob["metadata"]["uid"],
+        60, what="the RayJob made again over its own Secret",
+    )  # fmt: skip
+    assert kube.core.read_namespaced_secret(secret_name, kube.namespace).data == ours
+    # someone replaces it with theirs, under the same name, and the RayJob has to be made again
+    kube.core.delete_namespaced_secret(secret_name, kube.namespace)
+    wait_for(lambda: secret_name not in [s.metadata.name for s in kube.core.list_namespaced_secret(kube.namespace).items],
+             30, what="our Secret gone")  # fmt: skip
+    planted = {"trainingjob.json": base64.b64encode(b'{"spec": "theirs"}').decode()}
+    kube.core.create_namespaced_secret(kube.namespace, {"metadata": {"name": secret_name}, "data": planted})
+    kube.delete(RJ, names.rayjob_name("planted"))
+    cond = wait_for(
+        lambda: (c := kube.condition(TJ, "planted", "Failed")).get("status") == "True" and c,
+        60, what="the job to fail",
+    )  # fmt: skip
+    assert cond["reason"] == "SecretNameTaken" and secret_name in cond["message"], cond
+    assert kube.get(RJ, names.rayjob_name("planted")) is None, "a RayJob over the planted Secret"
+    assert kube.core.read_namespaced_secret(secret_name, kube.namespace).data == planted  # left as it was
+    warned = wait_for(
+        lambda: [e for e in kube.events("planted") if e[:2] == ("Warning", "SecretNameTaken")], 30,
+        what="a Warning Event",
+    )  # fmt: skip
+    assert secret_name in warned[0][2]
 
 
 def test_workload_progress_and_operator_status_never_lose_each_other(kube: Kube, operator) -> None:

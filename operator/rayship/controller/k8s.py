@@ -204,9 +204,7 @@ def ensure(body: Mapping[str, Any], owner: Mapping[str, Any]) -> None:
         if any(e.status != 409 for e in err.api_exceptions):
             raise
     if body["kind"] == "Secret":
-        # The operator may create Secrets but never read one. A Secret of that name is this operator's:
-        # the name is derived from its key (serve_probe.token_secret_name), so nobody else can have made
-        # it first, and it holds the same derived token.
+        _claim_secret(body, owner)
         return
     read, patch = _core_api(body["kind"])
     meta = body["metadata"]
@@ -225,6 +223,38 @@ def ensure(body: Mapping[str, Any], owner: Mapping[str, Any]) -> None:
     if how == "previous":
         raise Busy(message)
     raise Rejected("Failed", "WorkloadIdentityTaken", message)
+
+
+def _claim_secret(body: Mapping[str, Any], owner: Mapping[str, Any]) -> None:
+    """A Secret of `body`'s name exists. Its name can be seen in the RayJob or RayService, so whoever may
+    create Secrets in the namespace could have planted one there (after deleting ours, or before a
+    namesake is re-created), holding a token or a spec they know. It is never read (the operator reads
+    no Secret): one JSON patch makes it hold exactly `body`'s data, and the API server applies it only if
+    its tests pass first: the Secret's ownerReferences are `body`'s (the owner's UID) and its type too.
+    Anyone else's fails them (422) and is not used: SecretNameTaken, and nothing starts."""
+    meta = body["metadata"]
+    data = {**(body.get("data") or {}), **{
+        k: base64.b64encode(str(v).encode()).decode() for k, v in (body.get("stringData") or {}).items()
+    }}  # fmt: skip
+    claim = [
+        {"op": "test", "path": "/metadata/ownerReferences", "value": meta["ownerReferences"]},
+        {"op": "test", "path": "/type", "value": body.get("type", "Opaque")},
+        {"op": "replace", "path": "/data", "value": data},
+    ]
+    core = kubernetes.client.CoreV1Api(_client())
+    try:
+        core.patch_namespaced_secret(meta["name"], meta["namespace"], claim, _request_timeout=TIMEOUT)
+    except kubernetes.client.ApiException as err:
+        if err.status != 422:
+            raise
+        owner_meta = owner.get("metadata", {})
+        raise Rejected(
+            "Failed",
+            "SecretNameTaken",
+            f"Secret {meta['name']} already exists and was not made by rayship for {owner.get('kind')} "
+            f"{owner_meta.get('name')}: it is never used (what it holds would reach the Ray pods); delete "
+            "it, or rename this object",
+        ) from None
 
 
 def _core_api(kind: str) -> tuple[Callable[..., Any], Callable[..., Any]]:

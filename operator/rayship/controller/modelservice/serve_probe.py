@@ -35,10 +35,10 @@ def ray_token(config: OperatorConfig, namespace: str, rayservice: str) -> str:
 
 def token_secret_name(ms: api.ModelService, config: OperatorConfig) -> str:
     """The name of the token Secret: `<rayservice>-ray-token-<tag>`, the tag derived from the operator's
-    key and the ModelService's UID. Nobody can make a Secret of that name before the operator does:
-    creating it is all the operator ever does (it never reads a Secret), so a Secret planted under a
-    predictable name would have handed its token, known to whoever planted it, to every Ray pod and
-    so the dashboard's job API (arbitrary code in the cluster)."""
+    key and the ModelService's UID. Nobody can make a Secret of that name before the operator does, and
+    one planted once the name shows in the RayService is never claimed (k8s.ensure): it would have handed
+    its token, known to whoever planted it, to every Ray pod and so the dashboard's job API (arbitrary
+    code in the cluster)."""
     tag = pods.secret_tag(config, "ray-token-secret", ms.metadata)
     return names.ray_token_secret(names.rayservice_name(ms.metadata.name), tag)
 
