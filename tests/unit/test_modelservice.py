@@ -190,11 +190,52 @@ def test_serve_takes_requests_through_haproxy_unless_spec_env_says_otherwise() -
         assert {"name": "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE", "value": "1"} in env
     doc = load()
     doc["spec"]["env"] = [{"name": "RAY_SERVE_ENABLE_HA_PROXY", "value": "0"}]
-    for env in ray_containers_env(modelservice.desired_rayservice(parse(doc), CONFIG, URI)):
-        # the user's value alone: a second entry of the same name would leave the winner to the kubelet
+    ms = parse(doc)
+    secret = modelservice.env_secret(ms, CONFIG)
+    assert secret is not None and secret["stringData"] == {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    for env in ray_containers_env(modelservice.desired_rayservice(ms, CONFIG, URI)):
+        # the user's value alone (by reference, as every plain value): a second entry of the same name
+        # would leave the winner to the kubelet
+        ref = {"secretKeyRef": {"name": secret["metadata"]["name"], "key": "RAY_SERVE_ENABLE_HA_PROXY"}}
         assert [e for e in env if e["name"] == "RAY_SERVE_ENABLE_HA_PROXY"] == [
-            {"name": "RAY_SERVE_ENABLE_HA_PROXY", "value": "0"}
+            {"name": "RAY_SERVE_ENABLE_HA_PROXY", "valueFrom": ref}
         ]
+
+
+def test_plain_env_values_travel_in_a_secret_not_in_the_rayservice() -> None:
+    """A ModelService's plain env values were written into the RayService's pod templates, readable by
+    whoever may get rayservices and on Ray's dashboard (issue 57 §2): they are in a Secret of their own,
+    named by its content and made before the RayService, which the pods' env references."""
+    doc = load()
+    doc["spec"]["env"] = [
+        {"name": "HF_TOKEN", "value": "hf_not_for_your_eyes"},
+        {"name": "DB", "valueFrom": {"secretKeyRef": {"name": "db", "key": "url"}}},
+    ]
+    ms = parse(doc)
+    rayservice = modelservice.desired_rayservice(ms, CONFIG, URI)
+    assert "hf_not_for_your_eyes" not in json.dumps(rayservice)
+    secret = modelservice.env_secret(ms, CONFIG)
+    assert secret is not None and secret["stringData"] == {"HF_TOKEN": "hf_not_for_your_eyes"}
+    assert secret["metadata"]["namespace"] == rayservice["metadata"]["namespace"]
+    for env in ray_containers_env(rayservice):
+        assert {
+            "name": "HF_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": secret["metadata"]["name"], "key": "HF_TOKEN"}},
+        } in env
+        assert {"name": "DB", "valueFrom": {"secretKeyRef": {"name": "db", "key": "url"}}} in env
+    edited = copy.deepcopy(doc)
+    edited["spec"]["env"][0]["value"] = "hf_another"
+    other = modelservice.env_secret(parse(edited), CONFIG)
+    assert (
+        other is not None and other["metadata"]["name"] != secret["metadata"]["name"]
+    )  # new values, new pods
+    # made before the RayService that names it, with the token Secret and the NetworkPolicy
+    made = plan(doc, None, tj("Succeeded", model="s3://m/v1"), CONFIG)
+    assert [p["metadata"]["name"] for p in made.prerequisites if p["kind"] == "Secret"][1] == secret[
+        "metadata"
+    ]["name"]
+    del doc["spec"]["env"]
+    assert modelservice.env_secret(parse(doc), CONFIG) is None
 
 
 def test_crd_has_spec_head_as_the_trainingjob_has_it() -> None:

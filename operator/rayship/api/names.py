@@ -110,6 +110,13 @@ def ray_token_secret(rayservice: str, tag: str) -> str:
     return dns1035_name(f"{rayservice}-ray-token-{tag}", 63)
 
 
+def modelservice_env_secret(rayservice: str, tag: str) -> str:
+    """The Secret holding a ModelService's plain env values, which its pods' env references (the
+    RayService would show them to whoever may read it). `tag` follows the content: new values, a new
+    Secret, and the pod templates that name it change."""
+    return dns1035_name(f"{rayservice}-env-{tag}", 63)
+
+
 def trainingjob_spec_secret(rayjob: str, tag: str) -> str:
     """The Secret holding what a TrainingJob's workload reads that may be private (the resolved spec,
     env values): made by the operator, mounted on the head, referenced by the pods' env. `tag` makes

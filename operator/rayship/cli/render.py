@@ -94,6 +94,8 @@ def render_documents(
             volume = obj.spec.storage.pvc if obj.spec.storage else None
             model = _offline_model(obj, label, jobs)
             objects.extend(modelservice.network_policy(obj, config))
+            if (secret := modelservice.env_secret(obj, config)) is not None:
+                objects.append(secret)  # before the RayService whose pods read it
             objects.append(modelservice.desired_rayservice(obj, config, model, volume))
         elif isinstance(obj, api.TrainingSchedule):
             run = _next_run(obj, label, config, next_run)

@@ -41,13 +41,13 @@ def _remote_code(value: Any, where: str) -> Iterator[str]:
 
 
 def modelservice_warnings(ms: api.ModelService) -> list[str]:
-    """Plain env values whose names say they are secrets (a ModelService writes its env into the
-    RayService's pod templates), secret-looking keys in application.args and vllm.engineArgs (written
+    """Plain env values whose names say they are secrets (in the ModelService itself; its pods read
+    them from a Secret of their own), secret-looking keys in application.args and vllm.engineArgs (written
     into serveConfigV2 as they are), and trust_remote_code, which runs the model repository's code."""
     spec = ms.spec
     said = [
-        f"spec.env[{i}] {e.name}: a plain value that looks like a secret is written into the RayService's pod "
-        "templates (readable by anyone who may get rayservices); use valueFrom.secretKeyRef"
+        f"spec.env[{i}] {e.name}: a plain value that looks like a secret is readable by whoever may get this "
+        "ModelService (its pods read it from a Secret); use valueFrom.secretKeyRef"
         for i, e in enumerate(spec.env)
         if e.value is not None and SECRET_KEY.search(e.name)
     ]

@@ -19,13 +19,13 @@ from rayship.controller.conditions import (
 from rayship.controller.modelservice.context import ServiceContext
 from rayship.controller.modelservice.rayservice import (
     Model,
+    cluster_secrets,
     describe,
     desired_rayservice,
     model_annotation,
     network_policy,
     service_url,
 )
-from rayship.controller.modelservice.serve_probe import token_secret
 from rayship.controller.modelservice.source import ONE, model_status_by_name, resolve, trainingjob_not_found
 
 
@@ -84,7 +84,7 @@ def plan(
         return Plan(
             name,
             create=desired,
-            prerequisites=(token_secret(ms, config), *network_policy(ms, config)),
+            prerequisites=(*cluster_secrets(ms, config), *network_policy(ms, config)),
             on_create=created,
             context=context,
         )
@@ -146,8 +146,8 @@ def _update(
         return Plan(name, context=context)
     new_cluster = "rayClusterConfig" in spec
     prerequisites: tuple[dict[str, Any], ...] = ()
-    if new_cluster:  # a new cluster needs its token Secret (a RayService made before there was one, too)
-        prerequisites += (token_secret(ms, config),)
+    if new_cluster:  # a new cluster needs its Secrets (a RayService made before there was one, too)
+        prerequisites += cluster_secrets(ms, config)
     if policy_changed:  # made, or brought to the spec (k8s.ensure), before the patch records it
         annotations[names.ANNOTATION_NETWORK_POLICY] = wanted_policy
         prerequisites += tuple(network_policy(ms, config))

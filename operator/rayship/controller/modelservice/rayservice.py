@@ -17,7 +17,7 @@ from rayship.api.yamlio import canonical_json
 from rayship.config import OperatorConfig
 from rayship.controller import pods
 from rayship.controller.modelservice.engines import Model, serve_config
-from rayship.controller.modelservice.serve_probe import token_secret_name
+from rayship.controller.modelservice.serve_probe import token_secret, token_secret_name
 from rayship.controller.network_policy import build_network_policy
 
 # HAProxy in front of the replicas, not Serve's Python proxy: ~3x the requests per second on the same
@@ -58,8 +58,7 @@ def ray_cluster_config(
     # needs to read a Secret.
     auth = {"mode": "token", "secretName": token_secret_name(ms, config)}
 
-    def env(gpus: int) -> list[dict[str, Any]]:
-        return pods.container_env(ref, gpus, spec.env, names.ENV_MODELSERVICE, SERVE_ENV)
+    env = functools.partial(_pod_env, ms, ref, env_secret(ms, config))
 
     selector, tolerations = pods.gpu_placement(
         config, res.gpus, res.gpu_product, res.node_selector, res.tolerations
@@ -164,6 +163,52 @@ def network_policy(ms: api.ModelService, config: OperatorConfig) -> list[dict[st
 def network_policy_hash(policies: list[dict[str, Any]]) -> str:
     """What the RayService records of its policy: a digest of its spec, "off" for none."""
     return _digest(policies[0]["spec"]) if policies else "off"
+
+
+def _pod_env(
+    ms: api.ModelService, ref: str, secret: dict[str, Any] | None, gpus: int
+) -> list[dict[str, Any]]:
+    """rayship's env, the Serve settings spec.env does not name (the user's wins), then spec.env, every
+    plain value by reference to the env Secret."""
+    named = {e.name for e in ms.spec.env}
+    env = pods.container_env(
+        ref, gpus, [], names.ENV_MODELSERVICE, {k: v for k, v in SERVE_ENV.items() if k not in named}
+    )
+    return env + [
+        {"name": e.name, "valueFrom": {"secretKeyRef": {"name": secret["metadata"]["name"], "key": e.name}}}
+        if secret is not None and e.value is not None
+        else e.wire()
+        for e in ms.spec.env
+    ]
+
+
+def env_secret(ms: api.ModelService, config: OperatorConfig) -> dict[str, Any] | None:
+    """The Secret the pods' env reads spec.env's plain values from (None without any): in the RayService's
+    pod templates they were readable by whoever may get rayservices, and on Ray's dashboard. Named by
+    its content (an edit makes a new Secret, and the pods that read it), owned by the ModelService."""
+    values = {e.name: e.value for e in ms.spec.env if e.value is not None}
+    if not values:
+        return None
+    tag = pods.secret_tag(config, "modelservice-env", ms.metadata, canonical_json(values))
+    metadata: dict[str, Any] = {
+        "name": names.modelservice_env_secret(names.rayservice_name(ms.metadata.name), tag),
+        "namespace": ms.metadata.namespace or "default",
+        "labels": names.labels("ModelService", ms.metadata.name, "serving"),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata,
+        "type": "Opaque",
+        "stringData": values,
+    }
+
+
+def cluster_secrets(ms: api.ModelService, config: OperatorConfig) -> tuple[dict[str, Any], ...]:
+    """The Secrets a serving cluster's pods read, made before the RayService that names them: the Ray
+    token, and the env values if any."""
+    env = env_secret(ms, config)
+    return (token_secret(ms, config), *([env] if env is not None else []))
 
 
 def desired_rayservice(
