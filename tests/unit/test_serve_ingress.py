@@ -135,6 +135,25 @@ def test_haproxy_s_stats_and_metrics_ports_are_free_ones_of_each_process_unless_
     assert "RAY_SERVE_HAPROXY_STATS_PORT" not in os.environ, "and Serve's default for the other"
 
 
+def test_haproxy_s_ports_come_from_outside_the_ephemeral_range_and_skip_taken_ones() -> None:
+    """A port the kernel hands out (bind to 0) is in the ephemeral range, from which every outgoing
+    connection draws until HAProxy binds it: the demo failed once with "cannot bind socket (Address
+    already in use)". The ports come from below that range, and one that is taken is skipped."""
+    import socket
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    chosen = {ingress._free_port() for _ in range(20)}
+    assert all(ingress.LISTEN_PORTS.start <= p < min(ingress.LISTEN_PORTS.stop, low) for p in chosen), chosen
+    assert len(chosen) > 10, "a random start: two processes choosing at once rarely meet"
+    port = ingress._free_port()
+    with socket.socket() as held:  # someone binds it first
+        held.bind(("", port))
+        held.listen()
+        with pytest.raises(OSError, match=f"no free port in {port}-{port}"):
+            ingress._free_port(range(port, port + 1))
+        assert ingress._free_port(range(port, port + 50)) != port  # the taken one is skipped
+
+
 def looks_like_haproxy(config: Path, *, ignore_sigterm: bool = False) -> subprocess.Popen[bytes]:
     """A process whose command line reads a config file with -f, as HAProxy's does."""
     code = "import signal, sys, time\n"

@@ -9,6 +9,7 @@ starts (`local.local_environment`), and a value already set wins.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -67,10 +68,34 @@ def haproxy_binary() -> str | None:
         return shutil.which("haproxy")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
+# Ports for HAProxy's listeners come from below the kernel's ephemeral range: a port the kernel hands
+# out (bind to 0) is free only until HAProxy binds it, and every outgoing connection on the machine
+# (Ray's own, by the hundred) draws from that same range meanwhile: the demo failed once in CI with
+# "cannot bind socket (Address already in use)". Below it, only another explicit bind can take it.
+LISTEN_PORTS = range(20000, 32000)
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):  # not Linux: the IANA range's start
+        return 49152
+
+
+def _free_port(ports: range = LISTEN_PORTS) -> int:
+    """A port no one listens on, outside the ephemeral range, from a random start (two processes
+    choosing at once rarely meet)."""
+    usable = range(ports.start, min(ports.stop, _ephemeral_low()))
+    start = secrets.randbelow(len(usable))
+    for i in range(len(usable)):
+        port = usable[(start + i) % len(usable)]
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue  # taken: the next one
+            return port
+    raise OSError(f"no free port in {usable.start}-{usable.stop - 1} for HAProxy's listeners")
 
 
 def serve_ingress_environment() -> None:
