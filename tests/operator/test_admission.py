@@ -34,13 +34,18 @@ def test_the_server_accepts_every_sample(kube, sample) -> None:
     assert dry_run_create(kube, yaml.safe_load(sample.read_text())) is None
 
 
-def test_the_server_rejects_the_bad_corpus_naming_the_field(kube) -> None:
+def _dry_run_each(kube, cases):
+    """(case, field, the API server's refusal or None) of each corpus case, applied to the DDP sample."""
     base = yaml.safe_load((SAMPLES / "trainingjob-ddp.yaml").read_text())
-    accepted = []
-    for case, mutate, field in SPEC_CASES:
+    for case, mutate, field in cases:
         doc = copy.deepcopy(base)
         mutate(doc)
-        refused = dry_run_create(kube, doc)
+        yield case, field, dry_run_create(kube, doc)
+
+
+def test_the_server_rejects_the_bad_corpus_naming_the_field(kube) -> None:
+    accepted = []
+    for case, field, refused in _dry_run_each(kube, SPEC_CASES):
         if refused is None:
             accepted.append(case)
             continue
@@ -54,12 +59,8 @@ def test_the_server_rejects_the_bad_corpus_naming_the_field(kube) -> None:
 def test_the_server_refuses_the_metadata_rayship_refuses(kube) -> None:
     """bad_corpus.METADATA_CASES: rayship refuses them before sending (tests/unit/test_cli.py) because
     the API server would, by its own metadata checks: proven here, on the real one."""
-    base = yaml.safe_load((SAMPLES / "trainingjob-ddp.yaml").read_text())
     accepted = []
-    for case, mutate, _said in METADATA_CASES:
-        doc = copy.deepcopy(base)
-        mutate(doc)
-        refused = dry_run_create(kube, doc)
+    for case, _said, refused in _dry_run_each(kube, METADATA_CASES):
         if refused is None:
             accepted.append(case)
         else:
