@@ -21,11 +21,21 @@ class RecordingApi:
 
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
+        self.timeouts: list[Any] = []
 
     def patch_namespaced_custom_object_status(
-        self, group: str, version: str, namespace: str, plural: str, name: str, body: dict[str, Any]
+        self,
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        name: str,
+        body: dict[str, Any],
+        *,
+        _request_timeout: Any = None,
     ) -> None:
         self.bodies.append(json.loads(json.dumps(body, allow_nan=False)))  # raises on NaN/Infinity
+        self.timeouts.append(_request_timeout)
 
 
 def recording_status() -> tuple[progress.TrainingJobStatus, RecordingApi]:
@@ -68,6 +78,7 @@ def test_a_nan_metric_never_reaches_the_patch_and_is_said_once(caplog: pytest.Lo
         assert status.patch({"progress": progress_status})
     assert [b["status"]["progress"]["metrics"] for b in recorder.bodies] == [{"mae": 0.25}, {"mae": 0.25}]
     assert all(b["status"]["progress"]["lastCheckpoint"] == "/c" for b in recorder.bodies)
+    assert recorder.timeouts == [progress.PATCH_TIMEOUT] * 2  # a hung API server cannot stall training
     said = [r.getMessage() for r in caplog.records if "not finite" in r.getMessage()]
     assert len(said) == 1, said
     assert "status.progress.metrics.loss" in said[0] and "team-a/run-1" in said[0]
