@@ -123,6 +123,59 @@ def test_a_planted_token_secret_is_never_used(kube: Kube, operator) -> None:
     wait_for(lambda: kube.get(RS, "mlp") is None, 90, what="the RayService garbage-collected")
 
 
+def test_a_token_secret_planted_under_its_current_name_is_never_used(kube: Kube, operator) -> None:
+    """The token Secret's name shows in the RayService. Whoever may delete and create Secrets in the
+    namespace can put one of their own there, holding a token they know; the operator, which reads no
+    Secret, took any Secret of that name as its own when a new serving cluster was made (an edit of the
+    resources), and KubeRay gave its token to every Ray pod: the dashboard's job API, arbitrary code.
+    It now claims one only by a JSON patch whose tests (the ModelService's ownerReferences, the type) the
+    API server checks: its own passes (the new cluster is made), a planted one fails (SecretNameTaken, a
+    Warning, the RayService left as it was)."""
+    kube.pvc()
+    kube.create(MS, sample("vault", "kind-modelservice-cpu.yaml", model={"uri": "/mnt/models/mlp"}))
+    name = names.rayservice_name("vault")
+    rayservice = wait_for(lambda: kube.get(RS, name), 60, what="the RayService")
+    secret_name = rayservice["spec"]["rayClusterConfig"]["authOptions"]["secretName"]
+    ours = kube.core.read_namespaced_secret(secret_name, kube.namespace).data
+
+    def cluster_cpus() -> str:
+        spec = kube.get(RS, name)["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]
+        return spec["containers"][0]["resources"]["requests"]["cpu"]
+
+    # its own Secret, there when a new cluster is made: claimed, unchanged
+    kube.patch(MS, "vault", {"spec": {"resources": {"cpus": 0.5}}})
+    wait_for(lambda: cluster_cpus() == "500m", 60, what="the new cluster config over its own Secret")
+    assert kube.core.read_namespaced_secret(secret_name, kube.namespace).data == ours
+    # elsewhere, someone replaces the token Secret with theirs, under the same name, before the next new
+    # cluster (a second service: the first's next change waits for its rollout)
+    kube.create(MS, sample("vault2", "kind-modelservice-cpu.yaml", model={"uri": "/mnt/models/mlp"}))
+    name2 = names.rayservice_name("vault2")
+    before = wait_for(lambda: kube.get(RS, name2), 60, what="the second RayService")
+    secret2 = before["spec"]["rayClusterConfig"]["authOptions"]["secretName"]
+    kube.core.delete_namespaced_secret(secret2, kube.namespace)
+    planted = {names.RAY_TOKEN_KEY: base64.b64encode(b"planted-by-someone-else").decode()}
+    kube.core.create_namespaced_secret(kube.namespace, {"metadata": {"name": secret2}, "data": planted})
+    kube.patch(MS, "vault2", {"spec": {"resources": {"cpus": 0.5}}})
+    cond = wait_for(
+        lambda: next((c for c in kube.status(MS, "vault2").get("conditions") or [] if c.get("reason") == "SecretNameTaken"), None),
+        60, what="SecretNameTaken",
+    )  # fmt: skip
+    assert secret2 in cond["message"], cond
+    after = kube.get(RS, name2)
+    assert after["spec"]["rayClusterConfig"] == before["spec"]["rayClusterConfig"], (
+        "a new cluster over the planted Secret"
+    )
+    assert kube.core.read_namespaced_secret(secret2, kube.namespace).data == planted  # left as it was
+    warned = wait_for(
+        lambda: [e for e in kube.events("vault2") if e[:2] == ("Warning", "SecretNameTaken")],
+        30,
+        what="a Warning",
+    )
+    assert secret2 in warned[0][2]
+    kube.delete(MS, "vault2")
+    kube.delete(MS, "vault")
+
+
 def test_the_ray_pods_network_policy_selects_every_ray_pod_and_follows_serve_from(
     kube: Kube, operator
 ) -> None:

@@ -144,7 +144,11 @@ def status(
     target = ctx.desired if ctx.desired is not None and ctx.desired != served else None
     upgrading = find(st, "UpgradeInProgress").get("status") == "True" or target is not None
     conditions.append(cond("Ready", phase == "Ready", reason, message))
-    conditions.append(cond("Upgrading", upgrading, *_upgrade(target, served, ctx, upgrading)))
+    if plan_.rejected is not None:  # a change refused for good (a planted Secret): the cluster serves on
+        _, refused, why = plan_.rejected
+        conditions.append(cond("Upgrading", False, refused, f"the change is not made: {why}"))
+    else:
+        conditions.append(cond("Upgrading", upgrading, *_upgrade(target, served, ctx, upgrading)))
     out.update(
         phase=phase,
         conditions=conditions,
@@ -296,15 +300,27 @@ def _url(ctx: ServiceContext, rayservice_status: Mapping[str, Any]) -> str | Non
 WARNING_PHASES = frozenset({"Failed", "Invalid", "Degraded"})
 
 
+# Reasons a change was refused for good (an object of the name is someone else's): a Warning when said,
+# whatever the phase does (a serving cluster serves on).
+REFUSED_REASONS = frozenset({"SecretNameTaken", "WorkloadIdentityTaken", "NameTaken"})
+
+
 def announce(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Event]:
-    """A Kubernetes Event for each phase transition, summarising every condition."""
+    """A Kubernetes Event for each phase transition, summarising every condition, and a Warning for a
+    condition newly saying a change was refused."""
+    before = {c.get("type"): (c.get("reason"), c.get("message")) for c in current.get("conditions") or []}
+    refused = [
+        Event("Warning", str(c["reason"]), str(c["message"]))
+        for c in desired.get("conditions") or []
+        if c.get("reason") in REFUSED_REASONS and before.get(c.get("type")) != (c["reason"], c["message"])
+    ]
     phase = desired.get("phase")
     if phase == current.get("phase"):
-        return []
+        return refused
     notes = [
         f"{c['type']}={c['status']} ({c['reason']}: {c['message']})" for c in desired.get("conditions") or []
     ]
-    return [
+    return refused + [
         Event(
             "Warning" if phase in WARNING_PHASES else "Normal",
             str(phase),
