@@ -138,20 +138,48 @@ WORKLOAD_RULES: list[dict[str, Any]] = [
 _ACCOUNT_PREFIX = "'system:serviceaccount:' + request.namespace + ':'"
 
 
-def workload_policy() -> dict[str, Any]:
-    """The spec of each release's ValidatingAdmissionPolicy (names.workload_policy): a request by a
-    workload ServiceAccount (one of the TrainingJob's namespace whose name ends in -workload) may write
-    only the status of the TrainingJob whose `status.workloadAccount` (the operator's) names it, and
-    never that field. RBAC cannot say "its own" for names made per job without a Role per job, whose
-    create costs the API server a read of every RoleBinding in the namespace.
+# The workload ServiceAccounts the operator makes carry these labels (names.labels, component
+# workload-rbac): the admission policy takes them as its params, so it judges rayship's accounts only,
+# not another team's `etl-workload` writing its own objects' status.
+WORKLOAD_ACCOUNT_LABELS = {names.LABEL_COMPONENT: "workload-rbac", names.LABEL_MANAGED_BY: "rayship-operator"}
+_OURS = f"request.userInfo.username != {_ACCOUNT_PREFIX} + params.metadata.name"
 
-    The same for every release, in every namespace (no paramKind, no namespaceSelector): several
-    releases' policies admit exactly the same requests, so none refuses another release's workload
-    accounts, and a namespace a release stops watching keeps its jobs' accounts narrowed as long as
-    any release is installed."""
+
+def workload_policy() -> dict[str, Any]:
+    """The spec of each release's ValidatingAdmissionPolicy (names.workload_policy): a request by one of
+    rayship's workload ServiceAccounts (its params: the ServiceAccounts of the request's namespace with
+    WORKLOAD_ACCOUNT_LABELS, each judged in turn) may write only the status of the TrainingJob whose
+    `status.workloadAccount` (the operator's) names it, never that field, and of it only the fields the
+    workload writes (names.WORKLOAD_STATUS_FIELDS). RBAC cannot say "its own" for names made per job
+    without a Role per job, whose create costs the API server a read of every RoleBinding in the
+    namespace. Every validation holds for a param that is not the requester (`_OURS`), so another
+    account, whatever its name, is left to RBAC.
+
+    The same for every release, in every namespace (no namespaceSelector): several releases' policies
+    admit exactly the same requests, so none refuses another release's workload accounts, and a
+    namespace a release stops watching keeps its jobs' accounts narrowed as long as any release is
+    installed."""
     account = f"{_ACCOUNT_PREFIX} + oldObject.status.workloadAccount"
+    own = [
+        {
+            "expression": "has(oldObject.status) && has(oldObject.status.workloadAccount) && "
+            f"request.userInfo.username == {account}",
+            "reason": "Forbidden",
+            "messageExpression": "request.userInfo.username + ' may write the status of its own "
+            "TrainingJob only, not ' + request.namespace + '/' + object.metadata.name",
+        },
+        {
+            "expression": "has(oldObject.status) && has(oldObject.status.workloadAccount) && "
+            "has(object.status) && has(object.status.workloadAccount) && "
+            "object.status.workloadAccount == oldObject.status.workloadAccount",
+            "reason": "Forbidden",
+            "message": "status.workloadAccount is the operator's to write",
+        },
+        *_operator_status_fields_unchanged(),
+    ]
     return {
         "failurePolicy": "Fail",
+        "paramKind": {"apiVersion": "v1", "kind": "ServiceAccount"},
         "matchConstraints": {
             "resourceRules": [
                 {
@@ -169,23 +197,32 @@ def workload_policy() -> dict[str, Any]:
                 f"request.userInfo.username.endsWith('{names.WORKLOAD_SUFFIX}')",
             }
         ],
-        "validations": [
-            {
-                "expression": "has(oldObject.status) && has(oldObject.status.workloadAccount) && "
-                f"request.userInfo.username == {account}",
-                "reason": "Forbidden",
-                "messageExpression": "request.userInfo.username + ' may write the status of its own "
-                "TrainingJob only, not ' + request.namespace + '/' + object.metadata.name",
-            },
-            {
-                "expression": "has(oldObject.status) && has(oldObject.status.workloadAccount) && "
-                "has(object.status) && has(object.status.workloadAccount) && "
-                "object.status.workloadAccount == oldObject.status.workloadAccount",
-                "reason": "Forbidden",
-                "message": "status.workloadAccount is the operator's to write",
-            },
-        ],
+        "validations": [{**v, "expression": f"{_OURS} || ({v['expression']})"} for v in own],
     }
+
+
+def _operator_status_fields_unchanged() -> list[dict[str, Any]]:
+    """One validation per status field the operator owns (every field of TrainingJobStatus but
+    names.WORKLOAD_STATUS_FIELDS): the workload's account leaves it as it was. Code in the Ray pods (the
+    user's image, any pip package) could otherwise rewrite the phase, the GPU- and CPU-hours a
+    chargeback reads, or the attempts. One each, so that each stays within the API server's cost
+    budget and the refusal names the field."""
+    fields = [
+        f.alias or name
+        for name, f in api.TrainingJobStatus.model_fields.items()
+        if (f.alias or name) not in (*names.WORKLOAD_STATUS_FIELDS, "workloadAccount")
+    ]
+    return [
+        {
+            "expression": f"!has(oldObject.status) || !has(object.status) || "
+            f"(has(object.status.{field}) == has(oldObject.status.{field}) && "
+            f"(!has(object.status.{field}) || object.status.{field} == oldObject.status.{field}))",
+            "reason": "Forbidden",
+            "message": f"status.{field} is the operator's to write (a TrainingJob's pods write "
+            f"{', '.join(names.WORKLOAD_STATUS_FIELDS)})",
+        }
+        for field in fields
+    ]
 
 
 def workload_objects(
@@ -211,7 +248,16 @@ def workload_objects(
             "apiVersion": admission,
             "kind": "ValidatingAdmissionPolicyBinding",
             "metadata": {"name": policy},
-            "spec": {"policyName": policy, "validationActions": ["Deny"]},
+            "spec": {
+                "policyName": policy,
+                "validationActions": ["Deny"],
+                # each of rayship's workload accounts in the request's namespace, judged in turn; none
+                # there (no rayship job): nothing to judge
+                "paramRef": {
+                    "selector": {"matchLabels": dict(WORKLOAD_ACCOUNT_LABELS)},
+                    "parameterNotFoundAction": "Allow",
+                },
+            },
         },
     ]
 

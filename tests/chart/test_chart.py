@@ -65,7 +65,13 @@ def test_the_workload_admission_policy_is_the_generated_one_and_bound(tmp_path: 
         (binding,) = by_kind(objects, "ValidatingAdmissionPolicyBinding")
         assert policy["metadata"]["name"] == names.WORKLOAD_POLICY
         assert policy["spec"] == rbac.workload_policy()
-        assert binding["spec"] == {"policyName": names.WORKLOAD_POLICY, "validationActions": ["Deny"]}
+        assert binding["spec"]["policyName"] == names.WORKLOAD_POLICY
+        assert binding["spec"]["validationActions"] == ["Deny"]
+        # its params: rayship's workload accounts in the request's namespace (none: nothing to judge)
+        assert binding["spec"]["paramRef"] == {
+            "selector": {"matchLabels": rbac.WORKLOAD_ACCOUNT_LABELS},
+            "parameterNotFoundAction": "Allow",
+        }
 
 
 def test_rbac_is_exactly_the_operators_rules_without_wildcards(tmp_path: Path) -> None:

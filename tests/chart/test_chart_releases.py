@@ -130,17 +130,26 @@ def test_each_operator_binds_its_own_releases_workload_role(setup: str, tmp_path
 @pytest.mark.parametrize("setup", WATCHING)
 def test_the_releases_admission_policies_agree(setup: str, tmp_path: Path) -> None:
     """Each release's policy is bound to itself, and all are the same: each matches every
-    namespace's workload accounts (no namespaceSelector, no params), so what one admits, the other
-    admits (neither refuses the other's Ray pods their own job's status), and what one refuses, both do."""
+    namespace's workload accounts (no namespaceSelector; its params, the same for all, are the
+    ServiceAccounts of the request's namespace that carry rayship's workload labels, whichever release
+    made them), so what one admits, the other admits (neither refuses the other's Ray pods their own
+    job's status), and what one refuses, both do."""
     specs = []
     for objects in releases(setup, tmp_path):
         (policy,) = by_kind(objects, "ValidatingAdmissionPolicy")
         (binding,) = by_kind(objects, "ValidatingAdmissionPolicyBinding")
-        assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+        assert binding["spec"] == {
+            "policyName": policy["metadata"]["name"],
+            "validationActions": ["Deny"],
+            "paramRef": {
+                "selector": {"matchLabels": rbac.WORKLOAD_ACCOUNT_LABELS},
+                "parameterNotFoundAction": "Allow",
+            },
+        }
         assert binding["metadata"]["name"] == policy["metadata"]["name"]
         spec = policy["spec"]
-        assert "paramKind" not in spec and "namespaceSelector" not in spec["matchConstraints"]
-        assert "paramRef" not in binding["spec"] and "matchResources" not in binding["spec"]
+        assert spec["paramKind"] == {"apiVersion": "v1", "kind": "ServiceAccount"}
+        assert "namespaceSelector" not in spec["matchConstraints"] and "matchResources" not in binding["spec"]
         specs.append(spec)
     assert specs[0] == specs[1] == rbac.workload_policy()
 

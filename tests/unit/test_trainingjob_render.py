@@ -470,3 +470,11 @@ def test_a_tuning_heads_ray_holds_the_trial_drivers_and_no_cpus() -> None:
     assert plain["rayStartParams"] == {"num-cpus": "0"}
     assert trial_resources({"CPU": 2.0, names.TRIAL_RESOURCE: 1000.0}) == {names.TRIAL_RESOURCE: 1}
     assert trial_resources({"CPU": 2.0}) == {"CPU": 0.01}  # local Ray: no head of its own
+
+
+def test_the_workload_account_carries_the_labels_the_admission_policy_selects_its_params_by() -> None:
+    """The chart's policy judges rayship's workload accounts only (its params, selected by
+    rbac.WORKLOAD_ACCOUNT_LABELS): an account made without them would go unjudged, free to write any
+    TrainingJob's status that its RoleBinding allows."""
+    (account,) = [o for o in rendered_all(SAMPLES / "trainingjob-ddp.yaml") if o["kind"] == "ServiceAccount"]
+    assert rbac.WORKLOAD_ACCOUNT_LABELS.items() <= account["metadata"]["labels"].items()

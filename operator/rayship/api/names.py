@@ -66,6 +66,10 @@ CHECKPOINT_VOLUME = "checkpoints"
 MODEL_VOLUME = "model"
 SERVE_DEPLOYMENT = "RayshipModel"  # the Serve deployment of rayship_workloads.serve
 SHM_VOLUME = "dshm"
+# The TrainingJob status fields its workload writes (progress while training, then the checkpoint report
+# and the tuning result); the operator writes every other, and the admission policy lets the workload's
+# account write no other (rbac.workload_policy).
+WORKLOAD_STATUS_FIELDS = ("progress", "checkpoint", "tuning")
 # A Ray resource only a tuning job's head has: each Tune trial's driver (which only waits on its Train
 # workers) holds one unit of it, so trial drivers run on the head, which has no CPUs for Ray. With a
 # CPU share instead (0.01), a driver sat on a worker node and its Train worker's whole CPU no longer

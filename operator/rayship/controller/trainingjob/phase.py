@@ -353,7 +353,7 @@ def _rayjob_fields(
     return out
 
 
-WORKLOAD_FIELDS = ("progress", "checkpoint", "tuning")  # written by the workload, never by the operator
+WORKLOAD_FIELDS = names.WORKLOAD_STATUS_FIELDS  # written by the workload, never by the operator
 
 
 def _keep_terminal(obs: Observation, now: datetime) -> dict[str, Any]:
