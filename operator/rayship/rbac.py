@@ -142,7 +142,7 @@ _ACCOUNT_PREFIX = "'system:serviceaccount:' + request.namespace + ':'"
 # workload-rbac): the admission policy takes them as its params, so it judges rayship's accounts only,
 # not another team's `etl-workload` writing its own objects' status.
 WORKLOAD_ACCOUNT_LABELS = {names.LABEL_COMPONENT: "workload-rbac", names.LABEL_MANAGED_BY: "rayship-operator"}
-_OURS = f"request.userInfo.username != {_ACCOUNT_PREFIX} + params.metadata.name"
+_NOT_THE_REQUESTER = f"request.userInfo.username != {_ACCOUNT_PREFIX} + params.metadata.name"
 
 
 def workload_policy() -> dict[str, Any]:
@@ -152,7 +152,7 @@ def workload_policy() -> dict[str, Any]:
     `status.workloadAccount` (the operator's) names it, never that field, and of it only the fields the
     workload writes (names.WORKLOAD_STATUS_FIELDS). RBAC cannot say "its own" for names made per job
     without a Role per job, whose create costs the API server a read of every RoleBinding in the
-    namespace. Every validation holds for a param that is not the requester (`_OURS`), so another
+    namespace. Every validation holds for a param that is not the requester (`_NOT_THE_REQUESTER`), so another
     account, whatever its name, is left to RBAC.
 
     The same for every release, in every namespace (no namespaceSelector): several releases' policies
@@ -197,7 +197,7 @@ def workload_policy() -> dict[str, Any]:
                 f"request.userInfo.username.endsWith('{names.WORKLOAD_SUFFIX}')",
             }
         ],
-        "validations": [{**v, "expression": f"{_OURS} || ({v['expression']})"} for v in own],
+        "validations": [{**v, "expression": f"{_NOT_THE_REQUESTER} || ({v['expression']})"} for v in own],
     }
 
 
