@@ -144,11 +144,7 @@ def status(
     target = ctx.desired if ctx.desired is not None and ctx.desired != served else None
     upgrading = find(st, "UpgradeInProgress").get("status") == "True" or target is not None
     conditions.append(cond("Ready", phase == "Ready", reason, message))
-    if plan_.rejected is not None:  # a change refused for good (a planted Secret): the cluster serves on
-        _, refused, why = plan_.rejected
-        conditions.append(cond("Upgrading", False, refused, f"the change is not made: {why}"))
-    else:
-        conditions.append(cond("Upgrading", upgrading, *_upgrade(target, served, ctx, upgrading)))
+    conditions.append(cond("Upgrading", *_upgrading(plan_, target, served, ctx, upgrading)))
     out.update(
         phase=phase,
         conditions=conditions,
@@ -161,6 +157,17 @@ def status(
     else:
         out.update(NO_MODELS_STATUS, modelURI=served.get(ONE), targetModelURI=(target or {}).get(ONE))
     return out
+
+
+def _upgrading(
+    plan_: Plan, target: dict[str, str] | None, served: dict[str, str], ctx: ServiceContext, upgrading: bool
+) -> tuple[bool, str, str]:
+    """The Upgrading condition: a change refused for good (a planted Secret) is said, and the cluster
+    serves on; else the rollout, if any."""
+    if plan_.rejected is not None:
+        _, refused, why = plan_.rejected
+        return False, refused, f"the change is not made: {why}"
+    return (upgrading, *_upgrade(target, served, ctx, upgrading))
 
 
 NO_MODELS_STATUS: Mapping[str, None] = {"models": None, "modelCount": None}  # spec.model: none of spec.models
