@@ -1092,7 +1092,11 @@ def cut_to_the_node(folder: Path, into: Path) -> Path:
         spec = doc["spec"]
         assert "namespace" not in doc["metadata"], f"{path.name}: an example takes its namespace from -n"
         if doc["kind"] == "TrainingJob":
-            spec.update(head=SMALL_TRAINING["head"], ttlSecondsAfterFinished=5)
+            spec.update(head=dict(SMALL_TRAINING["head"]), ttlSecondsAfterFinished=5)
+            if "tuning" in spec:
+                # the head runs every concurrent trial's driver and Train controller: 3Gi held one
+                # (tune-asha), and Ray's memory monitor killed a worker of tune-pbt's two there
+                spec["head"]["memory"] = "6Gi"
             spec["workers"].update(gpusPerWorker=0, cpusPerWorker=0.5, memoryPerWorker="2Gi")
         else:
             spec.update(SMALL_SERVICE)
@@ -1180,6 +1184,31 @@ def test_rayship_apply_runs_the_examples_own_code_on_real_pods(
     print(
         f"own Serve app from `rayship apply`: trained, Ready and predicting in {time.monotonic() - t0:.0f}s"
     )
+    kube.delete(MS, "pipeline")  # its Ray cluster frees the node for the next scenario
+
+
+def _cpu(quantity: str) -> float:
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def room_on_the_node(kube: Kube, cpus: float, timeout: float = 300) -> None:
+    """Wait until real-0 has `cpus` unrequested: the pods of the earlier scenarios (their Ray clusters,
+    a ModelService's) are still going away; a Ray cluster that does not fit leaves its worker Pending
+    and its job Initializing."""
+
+    def free() -> float:
+        node = kube.core.read_node(realnode.NAME)
+        pods = kube.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={realnode.NAME}").items
+        requested = sum(
+            _cpu(c.resources.requests.get("cpu", "0"))
+            for p in pods
+            if p.status.phase not in ("Succeeded", "Failed")
+            for c in p.spec.containers
+            if c.resources and c.resources.requests
+        )
+        return _cpu(node.status.allocatable["cpu"]) - requested
+
+    wait_for(lambda: free() >= cpus - 1e-9, timeout, interval=2, what=f"{cpus} CPUs free on {realnode.NAME}")
 
 
 def _trial_reports(results: Path) -> dict[str, list[dict[str, Any]]]:
@@ -1203,6 +1232,7 @@ def test_rayship_apply_runs_the_tuning_and_language_model_examples_on_real_pods(
     (runtimeEnv.workingDir), and exports a model."""
     claim = claim_folder(kube)
 
+    room_on_the_node(kube, 1.0)  # a head and a worker of half a CPU
     t0 = time.monotonic()
     rayship_apply(cluster := real_node, kube, cut_to_the_node(EXAMPLES / "tune-asha", tmp_path))
     wait_for(
@@ -1213,6 +1243,7 @@ def test_rayship_apply_runs_the_tuning_and_language_model_examples_on_real_pods(
     assert len(_trial_reports(claim / f"{kube.namespace}.mlp-tuning-tune")) == 2
     print(f"tune-asha from `rayship apply`: Succeeded in {time.monotonic() - t0:.0f}s")
 
+    room_on_the_node(kube, 1.5)  # a head and two workers, one per trial
     t0 = time.monotonic()
     rayship_apply(cluster, kube, cut_to_the_node(EXAMPLES / "tune-pbt", tmp_path))
     rayjob = wait_for(lambda: kube.get(RJ, names.rayjob_name("pbt")), 60, what="the RayJob of pbt")
@@ -1235,6 +1266,7 @@ def test_rayship_apply_runs_the_tuning_and_language_model_examples_on_real_pods(
         f"tune-pbt from `rayship apply`: Succeeded in {time.monotonic() - t0:.0f}s, {trial} from {donor_checkpoint}"
     )
 
+    room_on_the_node(kube, 1.5)
     t0 = time.monotonic()
     rayship_apply(cluster, kube, cut_to_the_node(EXAMPLES / "lm-finetune", tmp_path))
     wait_for(
