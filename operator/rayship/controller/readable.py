@@ -15,6 +15,9 @@ from rayship import api
 SECRET_KEY = re.compile(
     r"(?i)(^|[_.-])(pass(word|wd)?|secret|token|api_?key|access_?key|private_?key|credentials?)$"
 )
+# Env names: the rule a TrainingJob's plain env values are warned by (trainingjob.secret_looking_env),
+# the same for both kinds; the whole-word SECRET_KEY is for the free-form args, full of settings.
+SECRET_ENV_NAME = re.compile(api.SECRET_NAME_PATTERN)
 SERVE_CONFIG = (
     "the RayService's serveConfigV2 (readable by anyone who may get rayservices, and on Ray's dashboard)"
 )
@@ -49,7 +52,7 @@ def modelservice_warnings(ms: api.ModelService) -> list[str]:
         f"spec.env[{i}] {e.name}: a plain value that looks like a secret is readable by whoever may get this "
         "ModelService (its pods read it from a Secret); use valueFrom.secretKeyRef"
         for i, e in enumerate(spec.env)
-        if e.value is not None and SECRET_KEY.search(e.name)
+        if e.value is not None and SECRET_ENV_NAME.search(e.name)
     ]
     free = {"spec.application.args": spec.application.args if spec.application else {},
             "spec.vllm.engineArgs": spec.vllm.engine_args if spec.vllm else {}}  # fmt: skip
