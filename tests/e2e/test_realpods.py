@@ -1092,7 +1092,12 @@ def cut_to_the_node(folder: Path, into: Path) -> Path:
         spec = doc["spec"]
         assert "namespace" not in doc["metadata"], f"{path.name}: an example takes its namespace from -n"
         if doc["kind"] == "TrainingJob":
-            spec.update(head=SMALL_TRAINING["head"], ttlSecondsAfterFinished=5)
+            spec.update(head=dict(SMALL_TRAINING["head"]), ttlSecondsAfterFinished=5)
+            if "tuning" in spec:
+                # the head runs each concurrent trial's driver and Ray Train controller: 3Gi held
+                # tune-asha's one at a time, and Ray's memory monitor killed a process of
+                # tune-pbt's two there (docs/training/tuning.md: budget the head per trial)
+                spec["head"]["memory"] = "6Gi"
             spec["workers"].update(gpusPerWorker=0, cpusPerWorker=0.5, memoryPerWorker="2Gi")
         else:
             spec.update(SMALL_SERVICE)
@@ -1235,3 +1240,56 @@ def test_rayship_apply_runs_the_tuning_example_on_real_pods(
     assert tuning["trials"] == 2 and tuning["bestTrial"] and tuning["bestMetric"] > 0, tuning
     assert len(_trial_reports(claim / f"{kube.namespace}.mlp-tuning-tune")) == 2
     print(f"tune-asha from `rayship apply`: Succeeded in {time.monotonic() - t0:.0f}s")
+
+
+@pytest.mark.timeout(900)  # two trials that restart at the hand-off, each on half a CPU
+def test_rayship_apply_runs_the_pbt_example_on_real_pods(
+    real_node, operator, kube: Kube, tmp_path: Path
+) -> None:
+    """Scenario 8: examples/tune-pbt as shipped (sizes cut to the node) through `rayship apply -f
+    FOLDER`: PBT's two trials run at once, on two worker pods (a trial's worth each), and the worse one
+    goes on from the better one's checkpoint (its report names the donor's run and epoch)."""
+    claim = claim_folder(kube)
+    room_on_the_node(kube, 1.5)  # a head and two workers, one per trial
+    t0 = time.monotonic()
+    rayship_apply(real_node, kube, cut_to_the_node(EXAMPLES / "tune-pbt", tmp_path))
+    rayjob = wait_for(lambda: kube.get(RJ, names.rayjob_name("pbt")), 60, what="the RayJob of pbt")
+    assert rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 2  # a trial's worth each
+    wait_for(lambda: phase(kube, TJ, "pbt", "Succeeded") == "Succeeded", 600, what="tune-pbt Succeeded")
+    reports = _trial_reports(claim / f"{kube.namespace}.pbt-tune")
+    assert len(reports) == 2, reports
+    handed = [
+        (trial, report["handed_from"])
+        for trial, records in reports.items()
+        for report in records
+        if report.get("handed_from") and f"-{trial}" not in report["handed_from"].split("/")[0]
+    ]
+    assert handed, reports  # a trial went on from the other's checkpoint
+    trial, donor_checkpoint = handed[0]
+    (donor,) = set(reports) - {trial}
+    donor_run, epoch = donor_checkpoint.split("/")
+    assert donor_run.startswith(f"{kube.namespace}.pbt-{donor}") and epoch.startswith("epoch-"), handed
+    print(
+        f"tune-pbt from `rayship apply`: Succeeded in {time.monotonic() - t0:.0f}s, {trial} from {donor_checkpoint}"
+    )
+
+
+@pytest.mark.timeout(900)  # Transformers and DeepSpeed start on half a CPU per worker
+def test_rayship_apply_runs_the_language_model_example_on_real_pods(
+    real_node, operator, kube: Kube, tmp_path: Path
+) -> None:
+    """Scenario 9: examples/lm-finetune as shipped (sizes cut to the node) through `rayship apply -f
+    FOLDER`: the language model trains on two worker pods with the Hugging Face Trainer and DeepSpeed
+    ZeRO-2 on the corpus shipped in its folder (runtimeEnv.workingDir), evaluates, and exports a model."""
+    room_on_the_node(kube, 1.5)  # a head and two workers
+    t0 = time.monotonic()
+    rayship_apply(real_node, kube, cut_to_the_node(EXAMPLES / "lm-finetune", tmp_path))
+    wait_for(
+        lambda: phase(kube, TJ, "lm-finetune", "Succeeded") == "Succeeded", 600, what="lm-finetune Succeeded"
+    )
+    status = kube.status(TJ, "lm-finetune")
+    assert status["progress"]["epoch"] == 2 and "evalLoss" in status["progress"]["metrics"], status[
+        "progress"
+    ]
+    assert status["checkpoint"]["model"], status["checkpoint"]
+    print(f"lm-finetune from `rayship apply`: Succeeded in {time.monotonic() - t0:.0f}s")
