@@ -182,3 +182,12 @@ def test_haproxy_left_behind_in_this_node_s_folder_is_stopped_and_no_other(
         for child in (ours, stubborn, other_node):
             child.kill()
             child.wait()
+
+
+def test_haproxy_s_ports_stay_clear_of_the_image_builds_fixed_ports() -> None:
+    """The image builds' wheelhouse and registry listen on fixed ports while CI's Ray tier runs local
+    Serve: a HAProxy listener on one of them makes the registry serve elsewhere (and its test fail)."""
+    from images import build, registry
+
+    assert registry.PORT not in ingress.LISTEN_PORTS
+    assert build.WHEELHOUSE_PORT not in ingress.LISTEN_PORTS

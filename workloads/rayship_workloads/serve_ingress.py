@@ -71,8 +71,10 @@ def haproxy_binary() -> str | None:
 # Ports for HAProxy's listeners come from below the kernel's ephemeral range: a port the kernel hands
 # out (bind to 0) is free only until HAProxy binds it, and every outgoing connection on the machine
 # (Ray's own, by the hundred) draws from that same range meanwhile: the demo failed once in CI with
-# "cannot bind socket (Address already in use)". Below it, only another explicit bind can take it.
-LISTEN_PORTS = range(20000, 32000)
+# "cannot bind socket (Address already in use)". Below it, only another explicit bind can take it, and
+# the range ends below the fixed ports of this project's image builds (29181, 29182), which CI starts
+# beside its Ray tier: a local Serve holding one made a registry test fail in a fresh-machine CI run.
+LISTEN_PORTS = range(20000, 29000)
 
 
 def _ephemeral_low() -> int:
