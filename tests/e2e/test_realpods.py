@@ -756,7 +756,8 @@ def test_the_ray_clusters_ports_are_closed_to_the_namespaces_other_pods(
     through the tests before this one, under the same policy."""
     cluster_name = kube.status(RS, names.rayservice_name(SERVING))["activeServiceStatus"]["rayClusterName"]
     head = kube.pods(f"ray.io/cluster={cluster_name},ray.io/node-type=head")[0]
-    ports = ["6379", str(names.DASHBOARD_PORT_NUMBER), str(names.SERVE_PORT_NUMBER)]  # GCS, dashboard, Serve
+    # GCS, dashboard, Serve, and HAProxy's stats page, which Ray's template binds on every interface
+    ports = ["6379", str(names.DASHBOARD_PORT_NUMBER), str(names.SERVE_PORT_NUMBER), "8404"]
     probe = {
         "name": "probe", "image": f"rayship/rayship-operator:{__version__}", "imagePullPolicy": "Never",
         "command": ["sleep", "600"], "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
@@ -775,7 +776,9 @@ def test_the_ray_clusters_ports_are_closed_to_the_namespaces_other_pods(
 
         outside = reach()
         refused = {"ConnectionRefusedError", "TimeoutError"}  # kube-router rejects; other engines drop
-        assert outside["8000"] == "open" and {outside["6379"], outside["8265"]} <= refused, outside
+        assert outside["8000"] == "open" and {outside["6379"], outside["8265"], outside["8404"]} <= refused, (
+            outside
+        )
         owner = names.owner_label("ModelService")
         real_node.kubectl("label", "pod", "-n", kube.namespace, "probe", f"{owner}={SERVING}")
 
@@ -784,7 +787,7 @@ def test_the_ray_clusters_ports_are_closed_to_the_namespaces_other_pods(
             return found if found["6379"] == "open" else None
 
         inside = wait_for(let_in, 30, what="the probe labelled as the service's pod reaching its GCS")
-        assert inside == {"6379": "open", "8265": "open", "8000": "open"}, inside
+        assert inside == {"6379": "open", "8265": "open", "8000": "open", "8404": "open"}, inside
     finally:
         kube.core.delete_namespaced_pod("probe", kube.namespace, grace_period_seconds=0)
 
