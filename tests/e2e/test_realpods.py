@@ -1215,6 +1215,15 @@ def room_on_the_node(kube: Kube, cpus: float, timeout: float = 300) -> None:
     wait_for(lambda: free() >= cpus - 1e-9, timeout, interval=2, what=f"{cpus} CPUs free on {realnode.NAME}")
 
 
+def apply_example(cluster, kube: Kube, tmp_path: Path, example: str, cpus: float) -> float:
+    """`rayship apply -f` of examples/<example> cut to the node, once real-0 has `cpus` unrequested;
+    returns when it was applied (time.monotonic())."""
+    room_on_the_node(kube, cpus)
+    t0 = time.monotonic()
+    rayship_apply(cluster, kube, cut_to_the_node(EXAMPLES / example, tmp_path))
+    return t0
+
+
 def _trial_reports(results: Path) -> dict[str, list[dict[str, Any]]]:
     """Tune's record of each trial (result.json, a report per line) in the job's results on the claim."""
     return {
@@ -1233,9 +1242,7 @@ def test_rayship_apply_runs_the_tuning_example_on_real_pods(
     trial's own Train worker then did not fit), each trial's worker on the worker pod; the best trial in
     the status, Tune's record of both on the claim."""
     claim = claim_folder(kube)
-    room_on_the_node(kube, 1.0)  # a head and a worker of half a CPU
-    t0 = time.monotonic()
-    rayship_apply(real_node, kube, cut_to_the_node(EXAMPLES / "tune-asha", tmp_path))
+    t0 = apply_example(real_node, kube, tmp_path, "tune-asha", 1.0)  # a head and a worker of half a CPU
     wait_for(
         lambda: phase(kube, TJ, "mlp-tuning", "Succeeded") == "Succeeded", 420, what="tune-asha Succeeded"
     )
@@ -1253,9 +1260,7 @@ def test_rayship_apply_runs_the_pbt_example_on_real_pods(
     FOLDER`: PBT's two trials run at once, on two worker pods (a trial's worth each), and the worse one
     goes on from the better one's checkpoint (its report names the donor's run and epoch)."""
     claim = claim_folder(kube)
-    room_on_the_node(kube, 1.5)  # a head and two workers, one per trial
-    t0 = time.monotonic()
-    rayship_apply(real_node, kube, cut_to_the_node(EXAMPLES / "tune-pbt", tmp_path))
+    t0 = apply_example(real_node, kube, tmp_path, "tune-pbt", 1.5)  # a head and two workers, one per trial
     rayjob = wait_for(lambda: kube.get(RJ, names.rayjob_name("pbt")), 60, what="the RayJob of pbt")
     assert rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 2  # a trial's worth each
     wait_for(lambda: phase(kube, TJ, "pbt", "Succeeded") == "Succeeded", 600, what="tune-pbt Succeeded")
@@ -1284,9 +1289,7 @@ def test_rayship_apply_runs_the_language_model_example_on_real_pods(
     """Scenario 9: examples/lm-finetune as shipped (sizes cut to the node) through `rayship apply -f
     FOLDER`: the language model trains on two worker pods with the Hugging Face Trainer and DeepSpeed
     ZeRO-2 on the corpus shipped in its folder (runtimeEnv.workingDir), evaluates, and exports a model."""
-    room_on_the_node(kube, 1.5)  # a head and two workers
-    t0 = time.monotonic()
-    rayship_apply(real_node, kube, cut_to_the_node(EXAMPLES / "lm-finetune", tmp_path))
+    t0 = apply_example(real_node, kube, tmp_path, "lm-finetune", 1.5)  # a head and two workers
     wait_for(
         lambda: phase(kube, TJ, "lm-finetune", "Succeeded") == "Succeeded", 600, what="lm-finetune Succeeded"
     )

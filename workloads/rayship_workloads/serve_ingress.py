@@ -72,8 +72,8 @@ def haproxy_binary() -> str | None:
 # out (bind to 0) is free only until HAProxy binds it, and every outgoing connection on the machine
 # (Ray's own, by the hundred) draws from that same range meanwhile: the demo failed once in CI with
 # "cannot bind socket (Address already in use)". Below it, only another explicit bind can take it, and
-# the range ends below the fixed ports of this project's image builds (29181, 29182), which CI starts
-# beside its Ray tier: a local Serve holding one made a registry test fail in a fresh-machine CI run.
+# the range ends below the fixed ports of this project's image builds (wheelhouse, registry), whose
+# tests run beside CI's Ray tier: a fresh-machine CI run found the registry's port taken meanwhile.
 LISTEN_PORTS = range(20000, 29000)
 
 
