@@ -89,6 +89,10 @@ MMDEBSTRAP_OPTIONS = (
     "--dpkgopt=path-include=/usr/share/locale/locale.alias",
 )
 PIP_PIN = "pip==26.3"
+# Where the RayService tells Serve its HAProxy is (rayship.api.names.SERVE_HAPROXY_LAUNCHER; this script
+# runs on the host's python3, without the project's dependencies; tests/unit/test_images.py holds the two
+# equal).
+SERVE_HAPROXY_LAUNCHER = "/home/ray/anaconda3/bin/rayship-haproxy"
 # Fixed, so that the wheelhouse URL (a build arg, part of each pip layer's cache key) is the same
 # from one build to the next; another port is used if this one is taken (those layers then rebuild).
 WHEELHOUSE_PORT = 29181
@@ -308,6 +312,12 @@ def images() -> list[Image]:
                 ),
                 (f"`ray --version` is {ray_version()}", None, ["ray", "--version"], rf"\b{ray}$"),
                 ("has bash (KubeRay's probes)", None, ["bash", "-c", "echo ok"], r"^ok$"),
+                (
+                    "has the HAProxy launcher where the RayService names it, and it finds HAProxy",
+                    None,
+                    [SERVE_HAPROXY_LAUNCHER, "-v"],
+                    r"HAProxy version 2\.",
+                ),
                 ("has wget (KubeRay's probes)", None, ["wget", "--version"], r"GNU Wget"),
             ],
         ),

@@ -31,6 +31,7 @@ from controlplane import cluster as controlplane
 from controlplane import node as realnode
 from rayship import __version__, api
 from rayship.api import names
+from rayship_workloads.haproxy_launcher import REQUEST_TIMEOUT_S
 from tests.cluster_fixtures import port_forward
 from tests.conftest import SAMPLES
 from tests.operator.conftest import refused_lines
@@ -745,18 +746,33 @@ print(json.dumps(found))
 """
 
 
+TRICKLE = """
+import json, select, socket, sys, time
+sock = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+t0 = time.monotonic()
+sock.sendall(b"POST /predict HTTP/1.1\\r\\nHost: x\\r\\n")
+while time.monotonic() - t0 < 40 and not select.select([sock], [], [], 1)[0]:
+    sock.sendall(b"X-Slow: 1\\r\\n")
+reply = sock.recv(200).decode(errors="replace") if select.select([sock], [], [], 0)[0] else ""
+print(json.dumps({"after": time.monotonic() - t0, "reply": reply.splitlines()[:1]}))
+"""
+
+
 def test_the_ray_clusters_ports_are_closed_to_the_namespaces_other_pods(
     real_node, operator, kube: Kube
 ) -> None:
     """Issue 33 item 3, enforced: real-0 runs a NetworkPolicy engine (kube-router's firewall), so the
     policy the operator renders for the ModelService's Ray cluster is what decides. A pod of the same
     namespace reaches the head's Serve port (the ModelService names no serveFrom: anyone) but neither
-    its GCS nor its dashboard; labelled as one of the service's own pods, it reaches both. The Ray
-    cluster itself (workers to head, KubeRay and the API server's proxy to the dashboard) kept working
-    through the tests before this one, under the same policy."""
+    its GCS nor its dashboard; labelled as one of the service's own pods, it reaches both. HAProxy's
+    stats page, which Ray's template binds on every interface, listens on the pod's loopback only
+    (rayship's launcher), so no pod reaches it; and a client trickling its headers into the Serve port
+    is answered 408 once the request time bound has passed (issue 57 section 5, on the real image's
+    HAProxy). The Ray cluster itself (workers to head, KubeRay and the API server's proxy to the
+    dashboard) kept working through the tests before this one, under the same policy."""
     cluster_name = kube.status(RS, names.rayservice_name(SERVING))["activeServiceStatus"]["rayClusterName"]
     head = kube.pods(f"ray.io/cluster={cluster_name},ray.io/node-type=head")[0]
-    # GCS, dashboard, Serve, and HAProxy's stats page, which Ray's template binds on every interface
+    # GCS, dashboard, Serve, and HAProxy's stats page
     ports = ["6379", str(names.DASHBOARD_PORT_NUMBER), str(names.SERVE_PORT_NUMBER), "8404"]
     probe = {
         "name": "probe", "image": f"rayship/rayship-operator:{__version__}", "imagePullPolicy": "Never",
@@ -787,7 +803,15 @@ def test_the_ray_clusters_ports_are_closed_to_the_namespaces_other_pods(
             return found if found["6379"] == "open" else None
 
         inside = wait_for(let_in, 30, what="the probe labelled as the service's pod reaching its GCS")
-        assert inside == {"6379": "open", "8265": "open", "8000": "open", "8404": "open"}, inside
+        assert inside == {"6379": "open", "8265": "open", "8000": "open", "8404": "ConnectionRefusedError"}, (
+            inside
+        )
+        out = real_node.kubectl("exec", "-n", kube.namespace, "probe", "--", "python", "-c", TRICKLE,
+                                head.status.pod_ip, str(names.SERVE_PORT_NUMBER)).stdout  # fmt: skip
+        slow = json.loads(out.strip().splitlines()[-1])
+        print(f"a client trickling its headers: {slow}")
+        assert slow["reply"] and slow["reply"][0].startswith("HTTP/1.1 408"), slow
+        assert REQUEST_TIMEOUT_S - 1 <= slow["after"] <= REQUEST_TIMEOUT_S + 4, slow
     finally:
         kube.core.delete_namespaced_pod("probe", kube.namespace, grace_period_seconds=0)
 

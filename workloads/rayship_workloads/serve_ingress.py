@@ -13,11 +13,13 @@ import secrets
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from rayship.api import names
+from rayship_workloads import haproxy_launcher
 
 HAPROXY_ENV = names.ENV_SERVE_HAPROXY  # read by Serve's controller, proxies and replicas at start
 THROUGHPUT_ENV = names.ENV_SERVE_THROUGHPUT  # set with HAProxy, as on the cluster
@@ -107,6 +109,7 @@ def serve_ingress_environment() -> None:
     if HAPROXY_ENV not in os.environ and haproxy_binary() is not None:
         os.environ[HAPROXY_ENV] = "1"
     if os.environ.get(HAPROXY_ENV) == "1":
+        _launch_through_rayship()
         # as the cluster's RayService has it (bench/serve_throughput: ~1.2x the rows/s behind HAProxy):
         # Serve's own log lines then go to its log files only, which the start-up line names
         os.environ.setdefault(THROUGHPUT_ENV, "1")
@@ -124,6 +127,22 @@ def serve_ingress_environment() -> None:
     if len(base) + len("/") + 56 + len("/metrics.sock") <= 97:
         for name, leaf in HAPROXY_PATHS.items():
             os.environ.setdefault(name, os.path.join(base, leaf) if leaf else base)
+
+
+def launcher_path() -> str:
+    """`rayship-haproxy` beside this Python (the venv's or the image's bin folder)."""
+    return os.path.join(os.path.dirname(sys.executable), "rayship-haproxy")
+
+
+def _launch_through_rayship() -> None:
+    """Serve starts HAProxy through `rayship-haproxy` (slow clients bounded, stats on loopback), which
+    then runs the binary Serve would have run; a binary path set by hand is kept as it is."""
+    launcher = launcher_path()
+    if os.environ.get(HAPROXY_BINARY_ENV, launcher) != launcher or not os.access(launcher, os.X_OK):
+        return  # a binary of the user's own, or rayship installed without its scripts
+    real = os.environ.get(haproxy_launcher.REAL_BINARY_ENV) or haproxy_binary()
+    if real is not None and real != launcher:
+        os.environ.update({haproxy_launcher.REAL_BINARY_ENV: real, HAPROXY_BINARY_ENV: launcher})
 
 
 def serve_ingress_note() -> str | None:

