@@ -32,14 +32,16 @@ def rayship_samples() -> list[Path]:
 
 def handed_document(objects: list[dict[str, Any]]) -> dict[str, Any]:
     """The TrainingJob a rendered RayJob's driver reads (`--spec <file>`): the file of the spec Secret
-    among `objects` that the head mounts, checked to be the one the entrypoint names."""
-    from rayship.api import names
+    among `objects` that the head mounts, checked to be the one the entrypoint names, with the digest
+    of that Secret's files (`--spec-digest`)."""
+    from rayship.api import names, yamlio
 
     (secret,) = [o for o in objects if o["kind"] == "Secret"]
     (rayjob,) = [o for o in objects if o["kind"] == "RayJob"]
     argv = shlex.split(rayjob["spec"]["entrypoint"])
     assert argv[:4] == ["python", "-m", "rayship_workloads.job", "--spec"], argv
-    assert argv[4] == f"{names.SPEC_MOUNT}/{names.SPEC_FILE}" and len(argv) == 5, argv
+    assert argv[4] == f"{names.SPEC_MOUNT}/{names.SPEC_FILE}" and len(argv) == 7, argv
+    assert argv[5:] == ["--spec-digest", yamlio.files_digest(secret["stringData"])], argv
     head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     (volume,) = [v for v in head["volumes"] if v.get("secret")]
     assert volume["secret"]["secretName"] == secret["metadata"]["name"]

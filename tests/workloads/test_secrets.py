@@ -94,3 +94,52 @@ def test_redacted_and_scrub() -> None:
     assert redact.scrub("nothing to hide", None) == "nothing to hide"
     nested = {"spec": {"env": [{"name": "A", "value": {"k": [SECRET]}}]}}
     assert redact.scrub(f"got {{'k': ['{SECRET}']}} or {SECRET}", nested) == "got *** or ***"
+
+
+def mounted(folder: Path, files: dict[str, str]) -> Path:
+    """`files` as the kubelet mounts a Secret: each key a link into a hidden, timestamped folder
+    through `..data`; the spec file's path."""
+    stamped = folder / "..2026_12_06_23_59_59.000000001"
+    stamped.mkdir(parents=True)
+    for key, text in files.items():
+        (stamped / key).write_text(text)
+        (folder / key).symlink_to(Path("..data") / key)
+    (folder / "..data").symlink_to(stamped.name)
+    return folder / "trainingjob.json"
+
+
+def rendered_secret(env: list[dict[str, Any]]) -> tuple[dict[str, str], str]:
+    """The spec Secret's files as the operator renders them for a job with `env`, and the digest the
+    RayJob's entrypoint gives the driver."""
+    from rayship.controller.trainingjob import render_trainingjob
+
+    objects = render_trainingjob(api.TrainingJob.model_validate(document(env)), api_config())
+    (secret,) = [o for o in objects if o["kind"] == "Secret"]
+    (rayjob,) = [o for o in objects if o["kind"] == "RayJob"]
+    return secret["stringData"], rayjob["spec"]["entrypoint"].split("--spec-digest ")[1]
+
+
+def api_config() -> Any:
+    from rayship.config import OperatorConfig
+
+    return OperatorConfig(ray_token_key="k" * 64)
+
+
+def test_the_driver_runs_nothing_of_a_spec_secret_planted_under_its_name(tmp_path: Path, capsys) -> None:
+    """Issue 57 section 3: KubeRay mounts whatever Secret carries the spec Secret's name when it makes
+    the job's cluster (a suspended job let go, a retry). One planted there (a spec of the planter's,
+    their env values) is found out by the files' digest the entrypoint carries, before anything of it
+    is read; the operator's own passes, link folders and all."""
+    files, digest = rendered_secret([{"name": "HF_TOKEN", "value": SECRET}])
+    job.check_spec_files(str(mounted(tmp_path / "ours", files)), digest)  # the operator's: no error
+
+    planted = {**files, "trainingjob.json": json.dumps(document([])), "env.HF_TOKEN": "theirs"}
+    spec = mounted(tmp_path / "planted", planted)
+    assert job.main(["--spec", str(spec), "--spec-digest", digest]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: the Secret mounted at ") and "\n" not in err, err
+    assert "is not the one the operator made for this job" in err and SECRET not in err, err
+    for missing_or_added in ({k: v for k, v in files.items() if k != "salt"}, {**files, "extra": "x"}):
+        folder = tmp_path / f"other-{len(missing_or_added)}"
+        with pytest.raises(OSError, match="is not the one the operator made"):
+            job.check_spec_files(str(mounted(folder, missing_or_added)), digest)

@@ -9,7 +9,8 @@ In the cluster, checkpoints and models go to `spec.checkpoint.storage` (the PVC'
 object-store URI); local mode picks its own directory.
 
 Secrets: in a cluster the spec is a file of the operator's spec Secret, mounted on the head (the
-entrypoint only names it); it may hold private values, so nothing here prints the spec, and every
+entrypoint only names it, with the digest of the Secret's files: `check_spec_files`); it may hold
+private values, so nothing here prints the spec, and every
 error message about it goes through `redact.scrub` (`env[].value` -> `***`).
 """
 
@@ -198,6 +199,22 @@ def _tune(
     )
 
 
+def check_spec_files(spec_file: str, digest: str) -> None:
+    """The files of the Secret mounted where `spec_file` is are the ones the operator wrote (their
+    `files_digest` is the entrypoint's): a Secret planted under the same name has other content, and
+    nothing of it is read. Raises OSError naming what differs."""
+    folder = Path(spec_file).parent
+    # A Secret volume holds each key as a file, through `..data/` links that start with two dots.
+    files = {p.name: p.read_text() for p in folder.iterdir() if not p.name.startswith("..") and p.is_file()}
+    found = yamlio.files_digest(files)
+    if found != digest:
+        raise OSError(
+            f"the Secret mounted at {folder} is not the one the operator made for this job (its files' "
+            f"digest is {found}, the entrypoint's {digest}): it was replaced after the operator made it; "
+            "nothing of it is run. Delete it and the TrainingJob, and look at who may write Secrets here"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m rayship_workloads.job",
@@ -205,8 +222,18 @@ def main(argv: list[str] | None = None) -> int:
         "spec.tuning; checkpoints and models go to spec.checkpoint.storage.",
     )
     parser.add_argument("--spec", required=True, help="TrainingJob as JSON, or a YAML/JSON file")
+    parser.add_argument(
+        "--spec-digest",
+        help="files_digest of the folder of --spec (a Secret's mount): checked before reading",
+    )
     args = parser.parse_args(argv)
     doc: Any = None
+    try:
+        if args.spec_digest:
+            check_spec_files(args.spec, args.spec_digest)
+    except OSError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     try:
         doc = read_document(args.spec)
         tj = parse_trainingjob(doc)

@@ -127,6 +127,10 @@ def modelservice_env_secret(rayservice: str, tag: str) -> str:
     return dns1035_name(f"{rayservice}-env-{tag}", 63)
 
 
+# The spec Secret's key holding a salt only the operator can make (its digest is in the entrypoint).
+SPEC_SALT = "salt"
+
+
 def trainingjob_spec_secret(rayjob: str, tag: str) -> str:
     """The Secret holding what a TrainingJob's workload reads that may be private (the resolved spec,
     env values): made by the operator, mounted on the head, referenced by the pods' env. `tag` makes

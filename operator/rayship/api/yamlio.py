@@ -13,9 +13,10 @@ Reading is strict and bounded, as `kubectl apply` in strict mode would be:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -113,6 +114,13 @@ def load(text: str) -> Any:
 def canonical_json(value: Any) -> str:
     """Sorted keys, no spaces: equal values always give equal strings (annotations, hashes)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def files_digest(files: Mapping[str, str]) -> str:
+    """`sha256:<hex>` of a Secret's files (key -> text): what the operator wrote into a TrainingJob's
+    spec Secret, which the driver checks the Secret it finds mounted against (one planted under the
+    same name has other content)."""
+    return "sha256:" + hashlib.sha256(canonical_json(dict(files)).encode()).hexdigest()
 
 
 # What the parser meant, in words a user can act on. Each: (the start of its problem, in libyaml's words

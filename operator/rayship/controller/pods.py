@@ -23,15 +23,17 @@ def cpu_quantity(cores: float) -> str:
     return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
 
 
-def secret_tag(config: OperatorConfig, purpose: str, meta: api.ObjectMeta, *content: str) -> str:
-    """12 hex digits that make the name of a Secret the operator creates (and never reads)
+def secret_tag(
+    config: OperatorConfig, purpose: str, meta: api.ObjectMeta, *content: str, digits: int = 12
+) -> str:
+    """12 hex digits (or `digits`) that make the name of a Secret the operator creates (and never reads)
     unguessable: an HMAC, with the operator's key, of `purpose`, the owner's namespace, name and UID,
     and `content`. Nobody can plant a Secret under that name first. Offline (`rayship render`, no
     key) it is derived from an empty key: the operator's differs."""
     key = config.ray_token_key.get_secret_value().encode() if config.ray_token_key else b""
     uid = str((meta.model_extra or {}).get("uid") or "")
     identity = "/".join([purpose, meta.namespace or "default", meta.name, uid, *content])
-    return hmac.new(key, identity.encode(), hashlib.sha256).hexdigest()[:12]
+    return hmac.new(key, identity.encode(), hashlib.sha256).hexdigest()[:digits]
 
 
 def object_ref(meta: api.ObjectMeta) -> str:

@@ -8,13 +8,14 @@ import hashlib
 import json
 import re
 import shlex
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
 
 from rayship import api
 from rayship.api import names
-from rayship.api.yamlio import canonical_json
+from rayship.api.yamlio import canonical_json, files_digest
 from rayship.config import OperatorConfig
 from rayship.controller import pods
 from rayship.controller.conditions import (
@@ -116,11 +117,16 @@ def spec_secret(tj: api.TrainingJob, config: OperatorConfig, resolved: dict[str,
 
     Its name ends in a tag derived from the operator's key, the TrainingJob's UID and the content: the
     operator creates it and never reads it, so a Secret planted under a name it could guess would
-    have run the planter's spec; and an edited spec gets a new Secret, not a stale one."""
+    have run the planter's spec; and an edited spec gets a new Secret, not a stale one. Once the name
+    shows in the RayJob, one can be planted under it (ours deleted first), and KubeRay mounts whatever
+    Secret has the name when it makes a cluster (a suspended job let go, a retry): the driver checks
+    the files it finds against `files_digest` of these, given in the entrypoint, and runs nothing
+    else. A salt only the operator can make keeps the digest from telling anything of the values."""
     data = {names.SPEC_FILE: canonical_json(workload_document(tj, resolved))}
     data.update({_env_key(e.name): e.value for e in tj.spec.env if e.value is not None})
     runtime = tj.spec.runtime_env
     data.update({_runtime_env_key(k): v for k, v in (runtime.env_vars if runtime else {}).items()})
+    data[names.SPEC_SALT] = pods.secret_tag(config, "trainingjob-spec-salt", tj.metadata, digits=64)
     tag = pods.secret_tag(config, "trainingjob-spec", tj.metadata, canonical_json(data))
     metadata: dict[str, Any] = {
         "name": names.trainingjob_spec_secret(names.rayjob_name(tj.metadata.name), tag)
@@ -145,9 +151,11 @@ def workload_env(tj: api.TrainingJob, gpus: int, secret: str) -> list[dict[str, 
     return env
 
 
-def train_entrypoint() -> str:
-    """The driver reads the TrainingJob from the spec Secret's file on the head (never the command line)."""
-    return f"python -m {JOB_MODULE} --spec {shlex.quote(f'{names.SPEC_MOUNT}/{names.SPEC_FILE}')}"
+def train_entrypoint(secret: Mapping[str, Any]) -> str:
+    """The driver reads the TrainingJob from the spec Secret's file on the head (never the command
+    line), once the files there are those of `secret` (their digest)."""
+    spec = shlex.quote(f"{names.SPEC_MOUNT}/{names.SPEC_FILE}")
+    return f"python -m {JOB_MODULE} --spec {spec} --spec-digest {files_digest(secret['stringData'])}"
 
 
 def _checkpoint_volumes(tj: api.TrainingJob) -> pods.Volumes:
@@ -247,7 +255,7 @@ def _build(tj: api.TrainingJob, config: OperatorConfig) -> tuple[dict[str, Any],
     )
     replicas, at_once = worker_pods(spec), worker_pods(spec) // spec.workers.replicas
     rayjob_spec: dict[str, Any] = {
-        "entrypoint": train_entrypoint(),
+        "entrypoint": train_entrypoint(secret),
         # HTTPMode: KubeRay itself submits the job to the Ray dashboard (through the API server's
         # service proxy with --use-kubernetes-proxy) once the cluster is ready: no submitter pod to
         # schedule, to leak or to account for in a queue (K8sJobMode's `ray job submit` pod).
