@@ -228,22 +228,6 @@ def test_gpu_pod_without_the_toleration_is_not_scheduled(core, namespace):
     assert "untolerated taint" in condition.message and "nvidia.com/gpu" in condition.message
 
 
-def test_a_missing_image_is_reported_as_image_pull_backoff(core, namespace):
-    pod = {
-        "metadata": {"name": "badimage"},
-        "spec": {"containers": [{"name": "c", "image": "registry.invalid/doesnotexist:1"}]},
-    }
-    core.create_namespaced_pod(namespace, pod)
-
-    def waiting():
-        status = core.read_namespaced_pod("badimage", namespace).status
-        return status if status.container_statuses else None
-
-    status = wait_for("kwok reports the container", waiting)
-    assert status.phase == "Pending"
-    assert status.container_statuses[0].state.waiting.reason == "ImagePullBackOff"
-
-
 def test_owner_reference_garbage_collection(core, namespace):
     owner = core.create_namespaced_config_map(namespace, {"metadata": {"name": "gc-owner"}})
     reference = {"apiVersion": "v1", "kind": "ConfigMap", "name": "gc-owner", "uid": owner.metadata.uid}

@@ -2,9 +2,9 @@
 `cluster` in tests/cluster_fixtures.py): the rayship operator as the chart's ServiceAccount, the
 real KubeRay, scheduler, garbage collector and kwok nodes.
 
-* `operator`: the rayship operator is running (started as the chart's Deployment would run it);
-  the test fails if the operator logged a refused (403) request meanwhile: the chart's RBAC must
-  grant every request it makes.
+* `operator`: the rayship operator is running (started as the chart's Deployment would run it).
+* every test (`operator_log`, automatic) fails if an operator logged a refused (403) request meanwhile,
+  whoever started it: the chart's RBAC must grant every request it makes.
 * `kube`: a fresh namespace and helpers to read and write objects there as the cluster admin.
 """
 
@@ -54,25 +54,56 @@ def refused_lines(written: str, expected_until: datetime | None = None) -> list[
 
 
 @dataclass
-class RunningOperator:
-    handle: Any
+class OperatorLog:
+    """The operator's log (every operator the control plane starts appends to one file) from where a
+    test began."""
+
+    path: Path
+    start: int
     # Refusals logged before this moment are expected (e.g. an API server restarting with an empty
     # RBAC cache); a test that causes them sets it once the cluster is whole again.
     refusals_expected_until: datetime | None = None
 
+    def refused(self) -> list[str]:
+        written = self.path.read_bytes()[self.start :] if self.path.exists() else b""
+        return refused_lines(written.decode(errors="replace"), self.refusals_expected_until)
+
+
+@pytest.fixture(autouse=True)
+def operator_log() -> Iterator[OperatorLog]:
+    """Every operator that runs during a test (the `operator` fixture's, one a test starts itself with
+    other settings, one restarted after a kill) is held to the chart's RBAC: the test fails if a refused
+    request was logged meanwhile."""
+    from controlplane.processes import Paths
+
+    path = Paths().logs / "rayship-operator.log"
+    log = OperatorLog(path, path.stat().st_size if path.exists() else 0)
+    yield log
+    refused = log.refused()
+    assert not refused, "the operator made requests its RBAC refuses:\n" + "\n".join(refused[:20])
+
+
+@dataclass
+class RunningOperator:
+    handle: Any
+    log: OperatorLog
+
+    @property
+    def refusals_expected_until(self) -> datetime | None:
+        return self.log.refusals_expected_until
+
+    @refusals_expected_until.setter
+    def refusals_expected_until(self, when: datetime | None) -> None:
+        self.log.refusals_expected_until = when
+
 
 @pytest.fixture
-def operator(cluster) -> Iterator[RunningOperator]:
+def operator(cluster, operator_log: OperatorLog) -> RunningOperator:
+    """The rayship operator running (as the chart's Deployment would run it); `operator_log` holds it
+    to its RBAC."""
     from controlplane import cluster as controlplane
 
-    running = RunningOperator(controlplane.start_operator())
-    log = Path(running.handle.log_path)
-    start = log.stat().st_size
-    yield running
-    refused = refused_lines(
-        log.read_bytes()[start:].decode(errors="replace"), running.refusals_expected_until
-    )
-    assert not refused, "the operator made requests its RBAC refuses:\n" + "\n".join(refused[:20])
+    return RunningOperator(controlplane.start_operator(), operator_log)
 
 
 @pytest.fixture
