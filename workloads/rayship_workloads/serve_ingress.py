@@ -24,7 +24,7 @@ from rayship_workloads import haproxy_launcher
 HAPROXY_ENV = names.ENV_SERVE_HAPROXY  # read by Serve's controller, proxies and replicas at start
 THROUGHPUT_ENV = names.ENV_SERVE_THROUGHPUT  # set with HAProxy, as on the cluster
 LOG_BUFFER_ENV = names.ENV_SERVE_LOG_BUFFER  # with it, request log lines written as they come
-HAPROXY_BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
+HAPROXY_BINARY_ENV = names.ENV_SERVE_HAPROXY_BINARY  # the HAProxy Serve starts: rayship-haproxy
 STATE_BASE_ENV = "RAY_SERVE_HAPROXY_SERVER_STATE_BASE"
 SERVE_DEFAULT_BASE = "/tmp/haproxy-serve"  # Serve's, whatever TMPDIR says
 HAPROXY_PATHS = {  # Serve's settings for where HAProxy's files go (each goes into a folder per node)
