@@ -145,6 +145,17 @@ def test_haproxy_s_stats_and_metrics_ports_are_free_ones_of_each_process_unless_
     )
     ingress.serve_ingress_environment()  # as a child that inherited them does: ports of its own
     assert ports() != parents and len(set(ports())) == 2
+    own = ports()
+
+    class RunningRay:  # this process's Ray has started with them: they stay
+        @staticmethod
+        def is_initialized() -> bool:
+            return True
+
+    clean_env.setitem(sys.modules, "ray", RunningRay)
+    ingress.serve_ingress_environment()
+    assert ports() == own, "a second look while this process's Ray runs keeps the ports its HAProxy has"
+    clean_env.delitem(sys.modules, "ray")
     clean_env.setenv("RAY_SERVE_HAPROXY_STATS_PORT", "18404")  # set by hand
     ingress.serve_ingress_environment()
     assert ports()[0] == "18404", "a port set by hand is kept"

@@ -36,8 +36,10 @@ def test_rendered_entrypoint_runs_the_workload_with_the_rendered_spec(ray_sessio
     assert callable(importlib.import_module(argv[2]).main)
     # the driver reads it from the file the entrypoint names (here: where the Secret would be mounted)
     (secret,) = [o for o in objects if o["kind"] == "Secret"]
+    for key, text in secret["stringData"].items():  # every key a file, as a Secret volume has them
+        (tmp_path / key).write_text(text)
     mounted = tmp_path / Path(argv[4]).name
-    mounted.write_text(secret["stringData"][Path(argv[4]).name])
+    job.check_spec_files(str(mounted), argv[argv.index("--spec-digest") + 1])  # the files it wrote
     loaded = job.load_trainingjob(str(mounted))
     # the renderer hands over an already resolved spec, without `env` (the pods have it, by reference
     # to the same Secret)

@@ -23,8 +23,10 @@ REAL_BINARY_ENV = "RAYSHIP_HAPROXY_BINARY"  # HAProxy itself; by default, where 
 # program starts at every HAProxy reload, and importing the API contract takes ~8x its whole start).
 SERVE_BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
 TIMEOUT_ENV = "RAYSHIP_HAPROXY_REQUEST_TIMEOUT_S"
-# A client has this long to send its request headers and (up to HAProxy's buffer) its body; then
-# HAProxy answers 408 and closes. Headers larger than HAProxy's buffer are refused with 400 either way.
+# A client has this long to send its request headers; then HAProxy answers 408 and closes. Headers
+# larger than HAProxy's buffer are refused with 400 either way. The body is passed on as it comes (the
+# server bounds its time: serve.BODY_TIMEOUT_S): buffered here, an oversized Content-Length would be
+# answered only once the body was in, not at once with 413.
 REQUEST_TIMEOUT_S = 10
 MARK = "# rayship-haproxy:"
 HTTP_FRONTEND = "frontend http_frontend\n"
@@ -47,12 +49,10 @@ def harden(config: str, request_timeout_s: int = REQUEST_TIMEOUT_S) -> str:
         raise TemplateChanged(f"no {STATS_SECTION.strip()!r} section starting with {STATS_BIND.strip()!r}")
     bind = stats + len(STATS_SECTION)
     config = f"{config[:bind]}  bind 127.0.0.1:{config[bind + len(STATS_BIND) :]}"
-    # In the frontend, after Serve's defaults: it covers the headers and, with the body buffered
-    # before the replica sees it, the body up to the buffer's size; gRPC's frontend keeps streaming.
+    # In the HTTP frontend (gRPC's has its own streams), after Serve's defaults.
     bounds = (
-        f"{HTTP_FRONTEND}    {MARK} a slow client is cut off (408) after {request_timeout_s}s\n"
+        f"{HTTP_FRONTEND}    {MARK} a client slow with its headers is cut off (408) after {request_timeout_s}s\n"
         f"    timeout http-request {request_timeout_s}s\n"
-        "    option http-buffer-request\n"
     )
     return config.replace(HTTP_FRONTEND, bounds)
 

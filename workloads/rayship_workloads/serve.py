@@ -32,7 +32,8 @@ A malformed request is answered with HTTP 400 and {"error": "<what is wrong>"} (
 {"error": {"message": ..., "type": ..., "param": ...}}), an unknown model with 404; a request over the limits
 (`maxRequestBytes` of body, default 8 MiB; `maxRowsPerRequest` rows in one /predict, default 4096) with
 HTTP 413 and the limit's arg in the message. The body size is checked before it is read (Content-Length)
-and while it is read (chunked bodies are cut at the limit), so an oversized body is never held whole;
+and while it is read (chunked bodies are cut at the limit), so an oversized body is never held whole; a
+body that takes longer than BODY_TIMEOUT_S to come is answered 408;
 the row count is checked before any row is converted. What a model serves
 comes from its recipe (`recipes.Recipe.load`): `/predict` rows of numbers, or text (`ROUTES`).
 """
@@ -85,6 +86,21 @@ class TooLarge(RequestError):
         super().__init__(message, status=413)
 
 
+class TooSlow(RequestError):
+    """A body that did not come in time: answered with HTTP 408 and {"error": message}."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=408)
+
+
+# How long a request's body may take to come in. HAProxy cuts a client off whose headers take longer
+# than 10 s (rayship_workloads.haproxy_launcher); the body it passes on as it comes (buffering it
+# would answer an oversized Content-Length only once the body was in, not at once with 413), so its
+# time is bounded here: a client trickling its body holds a connection, never a thread, and not for
+# longer than this. 30 s: a whole 8 MiB body (maxRequestBytes' default) over a slow link.
+BODY_TIMEOUT_S = 30.0
+
+
 class _BatchSettings(Protocol):
     """The setters `@serve.batch` adds to the method it wraps (Ray documents them; its type hints do not
     declare them)."""
@@ -113,11 +129,17 @@ async def _read_body(request: Request, limit: int) -> bytes:
             raise _too_many_bytes(limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_many_bytes(limit)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise _too_many_bytes(limit)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise TooSlow(
+            f"request body not received within {BODY_TIMEOUT_S:.0f} s ({size} bytes came); send it at once"
+        ) from None
     return b"".join(chunks)
 
 

@@ -38,7 +38,9 @@ HAPROXY_PATHS = {  # Serve's settings for where HAProxy's files go (each goes in
 # a second local Serve on this machine, or one started while a stopping HAProxy still holds them, fails
 # with "cannot bind socket (Address already in use) for [0.0.0.0:8404]". Here each process that sets up
 # a local Ray gets free ports of its own: ports it inherited from a parent that chose them (`rayship
-# serve` started by a test, a bench's child) are chosen afresh, ports set by hand are kept.
+# serve` started by a test, a bench's child) are chosen afresh, ports set by hand are kept, and while
+# this process's Ray runs its ports stay (its Ray's processes have them: a second look, as `init_ray`
+# takes before each run, must not leave this process naming ports its HAProxy does not use).
 PORT_ENVS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
 PORTS_CHOSEN_ENV = "RAYSHIP_HAPROXY_PORTS_CHOSEN"  # the ports this module chose, as "stats,metrics"
 # How long a replica behind HAProxy stays reachable once told to stop, so that every HAProxy has dropped
@@ -117,7 +119,8 @@ def serve_ingress_environment() -> None:
     os.environ.setdefault(DRAIN_ENV, LOCAL_DRAIN_S)
     os.environ.setdefault(PROXY_READY_ENV, LOCAL_PROXY_READY_S)
     ours = os.environ.get(PORTS_CHOSEN_ENV) == ",".join(os.environ.get(name, "") for name in PORT_ENVS)
-    if ours or not any(name in os.environ for name in PORT_ENVS):
+    ray_runs = "ray" in sys.modules and sys.modules["ray"].is_initialized()  # never imported for this
+    if (ours and not ray_runs) or not any(name in os.environ for name in PORT_ENVS):
         os.environ.update({name: str(_free_port()) for name in PORT_ENVS})
         os.environ[PORTS_CHOSEN_ENV] = ",".join(os.environ[name] for name in PORT_ENVS)
     # Serve keeps HAProxy's config, sockets and logs in /tmp/haproxy-serve/<node id>/ whatever TMPDIR

@@ -476,7 +476,7 @@ class ModelServiceSpec(ApiModel):
         '(RAY_SERVE_ENABLE_HA_PROXY=1, its binary in ray[serve]); set it to "0" here for Serve\'s Python '
         "proxy (an image without the binary). HAProxy starts through the image's rayship-haproxy "
         "(RAY_SERVE_HAPROXY_BINARY_PATH=/home/ray/anaconda3/bin/rayship-haproxy): a client that has not "
-        "sent its request within 10 s is answered 408, the stats page listens on loopback; an image "
+        "sent its request headers within 10 s is answered 408, the stats page listens on loopback; an image "
         "without it: set that variable to its HAProxy. Serve runs with its throughput settings "
         "(RAY_SERVE_THROUGHPUT_OPTIMIZED=1: its request and replica logs go to its log files only, not "
         "to stderr as well; RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE=1: request lines written as they "
