@@ -139,6 +139,11 @@ def test_the_driver_runs_nothing_of_a_spec_secret_planted_under_its_name(tmp_pat
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: the Secret mounted at ") and "\n" not in err, err
     assert "is not the one the operator made for this job" in err and SECRET not in err, err
+    binary = mounted(tmp_path / "binary", files)
+    (binary.parent / "..2026_12_06_23_59_59.000000001" / "salt").write_bytes(b"\xff\xfe not text")
+    assert job.main(["--spec", str(binary), "--spec-digest", digest]) == 1, "one line, not a traceback"
+    err = capsys.readouterr().err
+    assert err.startswith("error: the Secret mounted at ") and "Traceback" not in err, err
     for missing_or_added in ({k: v for k, v in files.items() if k != "salt"}, {**files, "extra": "x"}):
         folder = tmp_path / f"other-{len(missing_or_added)}"
         with pytest.raises(OSError, match="is not the one the operator made"):

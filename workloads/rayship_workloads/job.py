@@ -205,7 +205,12 @@ def check_spec_files(spec_file: str, digest: str) -> None:
     nothing of it is read. Raises OSError naming what differs."""
     folder = Path(spec_file).parent
     # A Secret volume holds each key as a file, through `..data/` links that start with two dots.
-    files = {p.name: p.read_text() for p in folder.iterdir() if not p.name.startswith("..") and p.is_file()}
+    # Read as bytes: a planted file that is not UTF-8 gives another digest, not a traceback.
+    files = {
+        p.name: p.read_bytes().decode(errors="replace")
+        for p in folder.iterdir()
+        if not p.name.startswith("..") and p.is_file()
+    }
     found = yamlio.files_digest(files)
     if found != digest:
         raise OSError(
