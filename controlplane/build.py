@@ -95,6 +95,15 @@ MODULES = (
     # the real node's NetworkPolicy engine (kube-router's firewall): the policies rayship renders are
     # enforced on real-0's pods, so a test sees a connection they forbid fail
     Module("netpol", {"kube-router": "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"}),
+    # the kind node image's kubeadm and kubectl (images/kindnode.py): the kubernetes pins, so one version
+    # stamp with its kubelet and the same compiled packages from Go's build cache
+    Module(
+        "kubeadm",
+        {"kubeadm": "k8s.io/kubernetes/cmd/kubeadm", "kubectl": "k8s.io/kubernetes/cmd/kubectl"},
+        _K8S_VERSION_X,
+    ),
+    # kind itself (`make kind-up`)
+    Module("kind", {"kind": "sigs.k8s.io/kind"}),
 )
 
 
