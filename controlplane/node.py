@@ -36,15 +36,11 @@ the host steps that need no Kubernetes client; controlplane/cluster.py starts an
 from __future__ import annotations
 
 import contextlib
-import gzip
 import hashlib
-import io
-import json
 import os
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -312,14 +308,15 @@ CERTIFICATES = {
 
 
 # --- the pause image --------------------------------------------------------------------------------
-def pause_archive(cache: Path) -> Path:
+def pause_archive(cache: Path, ref: str = PAUSE_REF) -> Path:
     """An OCI archive of the pause image, compiled from the pinned module's build/pause/linux/pause.c
     (`gcc -static`, as its Makefile does); cached by the source's hash."""
     from controlplane import build
+    from controlplane.oci import file_layer, oci_archive
 
     source = build.module_dir("kubernetes", "k8s.io/kubernetes") / "build" / "pause" / "linux" / "pause.c"
     code = source.read_bytes()
-    archive = cache / f"pause-{hashlib.sha256(code).hexdigest()[:16]}.tar"
+    archive = cache / f"pause-{hashlib.sha256(code + ref.encode()).hexdigest()[:16]}.tar"
     if archive.exists():
         return archive
     cache.mkdir(parents=True, exist_ok=True)
@@ -329,55 +326,11 @@ def pause_archive(cache: Path) -> Path:
         check=True,
     )  # fmt: skip
     tmp = archive.with_suffix(".partial")
-    tmp.write_bytes(oci_archive(PAUSE_REF, {"pause": (binary.read_bytes(), 0o755)}, ["/pause"]))
+    layer = file_layer({"pause": (binary.read_bytes(), 0o755)})
+    tmp.write_bytes(oci_archive(ref, [layer], {"Entrypoint": ["/pause"], "User": "65535:65535"}))
     binary.unlink()
     tmp.rename(archive)
     return archive
-
-
-def oci_archive(ref: str, files: dict[str, tuple[bytes, int]], entrypoint: list[str]) -> bytes:
-    """A one-layer OCI image layout, as a tar that `ctr images import` reads (deterministic)."""
-
-    def tar(entries: dict[str, tuple[bytes, int]]) -> bytes:
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as out:
-            for name, (data, mode) in sorted(entries.items()):
-                info = tarfile.TarInfo(name)
-                info.size, info.mode, info.mtime = len(data), mode, 0
-                out.addfile(info, io.BytesIO(data))
-        return buf.getvalue()
-
-    layer_tar = tar(files)
-    layer = gzip.compress(layer_tar, mtime=0)
-    config = json.dumps({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Entrypoint": entrypoint, "User": "65535:65535"},
-        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(layer_tar).hexdigest()}"]},
-    }, sort_keys=True).encode()  # fmt: skip
-
-    def desc(media: str, data: bytes, **extra: object) -> dict:
-        return {
-            "mediaType": media,
-            "digest": f"sha256:{hashlib.sha256(data).hexdigest()}",
-            "size": len(data),
-            **extra,
-        }
-
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": desc("application/vnd.oci.image.config.v1+json", config),
-        "layers": [desc("application/vnd.oci.image.layer.v1.tar+gzip", layer)],
-    }, sort_keys=True).encode()  # fmt: skip
-    index = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [desc("application/vnd.oci.image.manifest.v1+json", manifest,
-                           annotations={"io.containerd.image.name": ref,
-                                        "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[1]})],
-    }, sort_keys=True).encode()  # fmt: skip
-    blobs = {f"blobs/sha256/{hashlib.sha256(b).hexdigest()}": (b, 0o644) for b in (layer, config, manifest)}
-    return tar(
-        {**blobs, "index.json": (index, 0o644), "oci-layout": (b'{"imageLayoutVersion":"1.0.0"}', 0o644)}
-    )
 
 
 # --- host steps -------------------------------------------------------------------------------------
