@@ -176,6 +176,25 @@ def test_the_head_is_sized_by_spec_head_and_by_default_as_before() -> None:
     assert small["spec"]["serveConfigV2"] == default["spec"]["serveConfigV2"]
 
 
+def test_the_autoscaler_beside_the_head_is_sized_by_spec_autoscaler() -> None:
+    """KubeRay adds a Ray autoscaler container to the head pod of an autoscaling cluster, 500m CPU
+    unless told: on a 2-CPU kind node the service's head did not fit beside the control plane
+    ("0/1 nodes are available: 1 Insufficient cpu"). Its size is the service's to set."""
+    options = rendered(SAMPLE)["spec"]["rayClusterConfig"]["autoscalerOptions"]
+    assert options == {"resources": {"requests": {"cpu": "500m", "memory": "512Mi"},
+                                     "limits": {"cpu": "500m", "memory": "512Mi"}}}  # fmt: skip
+    doc = load()
+    doc["spec"]["autoscaler"] = {"cpus": 0.1, "memory": "256Mi"}
+    small = modelservice.desired_rayservice(parse(doc), CONFIG, URI)["spec"]["rayClusterConfig"]
+    assert small["autoscalerOptions"]["resources"]["requests"] == {"cpu": "100m", "memory": "256Mi"}
+    no_cpu_limits = modelservice.desired_rayservice(
+        parse(doc), CONFIG.model_copy(update={"cpu_limits": False}), URI
+    )
+    assert no_cpu_limits["spec"]["rayClusterConfig"]["autoscalerOptions"]["resources"]["limits"] == {
+        "memory": "256Mi"
+    }
+
+
 def ray_containers_env(rayservice: dict[str, Any]) -> list[list[dict[str, Any]]]:
     cluster = rayservice["spec"]["rayClusterConfig"]
     templates = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]

@@ -129,6 +129,17 @@ class ServeResources(ApiModel):
     tolerations: Tolerations
 
 
+class AutoscalerResources(ApiModel):
+    """The Ray autoscaler container KubeRay adds to a ModelService's head pod: it adds and removes
+    serving worker pods as Serve scales its replicas (KubeRay's own default is 500m CPU, 512Mi)."""
+
+    cel_rules: ClassVar = (cpu_rule("cpus"), memory_rule("memory"))
+    cpus: float = Field(
+        0.5, ge=0.001, le=64, description="CPU cores for the autoscaler container (at least 1m)."
+    )
+    memory: str = Field("512Mi", pattern=MEMORY_PATTERN, description="Memory for the autoscaler container.")
+
+
 class Batching(ApiModel):
     """Request batching: concurrent requests are combined into one forward pass."""
 
@@ -442,6 +453,9 @@ class ModelServiceSpec(ApiModel):
     replicas: ServeReplicas = sub(ServeReplicas, "Replica autoscaling.")
     resources: ServeResources = sub(ServeResources, "Resources per replica.")
     head: HeadSpec = sub(HeadSpec, "Ray head pod (runs the Serve controller, no replicas).")
+    autoscaler: AutoscalerResources = sub(
+        AutoscalerResources, "The Ray autoscaler beside the head, which adds and removes replica pods."
+    )
     batching: Batching = sub(Batching, "Request batching.")
     request_limits: RequestLimits = sub(
         RequestLimits, "Limits on one request (the built-in server: HTTP 413)."

@@ -112,6 +112,17 @@ def pvc_volume(name: str, pvc: api.PvcStorage, *, read_only: bool = False) -> Vo
     return [{"name": name, "persistentVolumeClaim": claim}], [mount]
 
 
+def container_resources(config: OperatorConfig, cpus: float, memory: str, gpus: int = 0) -> dict[str, Any]:
+    """limits == requests (GPUs included; CPU unless `config.cpu_limits` is off)."""
+    resources: dict[str, str] = {"cpu": cpu_quantity(cpus), "memory": memory}
+    if gpus:
+        resources[config.gpu_resource] = str(gpus)
+    # limits == requests: Guaranteed QoS, and GPUs must be requested as limits anyway. Without a CPU
+    # limit KubeRay still gives Ray the request as num-cpus, so Ray schedules the same.
+    limits = {key: value for key, value in resources.items() if key != "cpu" or config.cpu_limits}
+    return {"limits": limits, "requests": dict(resources)}
+
+
 def pod_template(
     config: OperatorConfig,
     *,
@@ -128,21 +139,14 @@ def pod_template(
     priority_class: str | None = None,
     service_account: str | None = None,
 ) -> dict[str, Any]:
-    """A Ray pod: limits == requests (GPUs included; CPU unless `config.cpu_limits` is off), a
-    memory-backed /dev/shm, non-root."""
-    resources: dict[str, str] = {"cpu": cpu_quantity(cpus), "memory": memory}
-    if gpus:
-        resources[config.gpu_resource] = str(gpus)
-    # limits == requests: Guaranteed QoS, and GPUs must be requested as limits anyway. Without a CPU
-    # limit KubeRay still gives Ray the request as num-cpus, so Ray schedules the same.
-    limits = {key: value for key, value in resources.items() if key != "cpu" or config.cpu_limits}
+    """A Ray pod: container_resources(), a memory-backed /dev/shm, non-root."""
     pod: dict[str, Any] = {
         "securityContext": pod_security_context(config),
         "containers": [
             {
                 "name": container,
                 "image": image,
-                "resources": {"limits": limits, "requests": dict(resources)},
+                "resources": container_resources(config, cpus, memory, gpus),
                 "env": env,
                 # /dev/shm in memory: NCCL and DataLoader workers need more than Docker's 64 MB
                 "volumeMounts": [{"name": names.SHM_VOLUME, "mountPath": "/dev/shm"}, *volumes[1]],

@@ -72,6 +72,10 @@ def ray_cluster_config(
     return {
         "rayVersion": spec.ray_version or config.default_ray_version,
         "enableInTreeAutoscaling": True,  # Serve autoscaling adds and removes GPU worker pods
+        # the autoscaler's container, KubeRay's default 500m unless set: a small cluster must fit it
+        "autoscalerOptions": {
+            "resources": pods.container_resources(config, spec.autoscaler.cpus, spec.autoscaler.memory)
+        },
         "authOptions": auth,
         "headGroupSpec": {
             "rayStartParams": {"num-cpus": "0"},  # no replicas on the head: it runs the Serve controller
