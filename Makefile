@@ -124,7 +124,10 @@ docs-deps: ## install the headless browser the docs site's test uses (bookworm's
 # it (the e2e fixtures reuse a running cluster and leave it be).
 TIERS_WITHOUT_RAY := tests/unit tests/chart tests/docs tests/controlplane tests/operator
 TIERS_WITH_RAY := tests/workloads
-TIERS_AFTER := tests/e2e
+TIERS_AFTER := tests/e2e --ignore=tests/e2e/test_kind.py
+# The kind tier last, once the local cluster is down: its fixture brings a kind cluster up (and down)
+# when none is up (RAYSHIP_KIND=1; under CI=true it would anyway).
+TIER_KIND := tests/e2e/test_kind.py
 
 # Each tier's output is also kept in .venv/tier-*.log; the last lines repeat every tier's failures
 # (pytest's FAILED/ERROR lines), so that the end of a long CI log says which test failed. What runs
@@ -134,10 +137,10 @@ BESIDE = $(PYTEST) -q --durations=10 $(TIERS_WITHOUT_RAY) > $(VENV)/tier-without
 	echo "--- the cluster for $(TIERS_AFTER), started beside $(TIERS_WITH_RAY)"; \
 	SECONDS=0; $(BIN)/python controlplane/cluster.py up --started-file $(VENV)/cluster-started-by-make-test; \
 	echo "--- (exit code $$?, in $${SECONDS}s)"
-builds: setup node-deps image-deps ## the control plane's binaries and the images, built side by side
+builds: setup node-deps image-deps ## the control plane's binaries (then the kind node image) and the images, built side by side
 	@echo "--- the control plane's binaries beside the images (the images' output follows)"; \
 	SECONDS=0; python3 images/build.py > $(VENV)/images-build.log 2>&1 & images=$$!; \
-	python3 controlplane/build.py; go=$$?; wait $$images; built=$$?; \
+	python3 controlplane/build.py && python3 controlplane/kindnode.py; go=$$?; wait $$images; built=$$?; \
 	cat $(VENV)/images-build.log; echo "--- (exit codes: control plane $$go, images $$built; in $${SECONDS}s)"; \
 	exit $$(( go || built ))
 
@@ -154,9 +157,11 @@ test: builds docs docs-deps ## the whole suite (every tier; what CI runs)
 	echo "--- $(TIERS_AFTER)"; \
 	$(PYTEST) -q --durations=10 $(TIERS_AFTER) 2>&1 | tee $(VENV)/tier-after.log; after=$${PIPESTATUS[0]}; \
 	trap - EXIT; stop_ours; down=$$?; \
-	echo "--- exit codes: $(TIERS_WITH_RAY) $$ray, the tiers without Ray $$without, $(TIERS_AFTER) $$after, cluster down $$down"; \
-	grep -hE '^(FAILED|ERROR) ' $(VENV)/tier-with-ray.log $(VENV)/tier-without-ray.log $(VENV)/tier-after.log; \
-	exit $$(( ray || without || after || down ))
+	echo "--- $(TIER_KIND)"; \
+	RAYSHIP_KIND=1 $(PYTEST) -q --durations=10 $(TIER_KIND) 2>&1 | tee $(VENV)/tier-kind.log; kind=$${PIPESTATUS[0]}; \
+	echo "--- exit codes: $(TIERS_WITH_RAY) $$ray, the tiers without Ray $$without, $(TIERS_AFTER) $$after, cluster down $$down, kind $$kind"; \
+	grep -hE '^(FAILED|ERROR) ' $(VENV)/tier-with-ray.log $(VENV)/tier-without-ray.log $(VENV)/tier-after.log $(VENV)/tier-kind.log; \
+	exit $$(( ray || without || after || down || kind ))
 
 test-unit: setup ## renderer, CRD, CLI, status: no cluster, no Ray
 	$(PYTEST) -q tests/unit
@@ -173,10 +178,8 @@ test-docs: docs docs-deps ## the docs site opened in a headless browser: navigat
 test-chart: setup ## helm lint/template, strict validation for Kubernetes 1.30-1.35
 	$(PYTEST) -q tests/chart
 
-##@ Cluster (needs Docker and kind; not available on every machine)
-.PHONY: images image-deps kind-up e2e
-KIND_CLUSTER := rayship
-VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' operator/rayship/__init__.py)
+##@ Images and kind
+.PHONY: images image-deps kind-up kind-down e2e-kind
 
 # `make images` needs no outside registry: images/build.py runs Debian's dockerd and containerd for the
 # build only, on stand-in bases made from Debian's packages (mmdebstrap), and pushes each image to a
@@ -195,18 +198,18 @@ image-deps: ## install what images/build.py runs (Debian's dockerd, containerd, 
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(IMAGE_DEBS); \
 	fi
 
-kind-up: setup images ## kind cluster + images + KubeRay 1.7.0 + rayship (from the chart)
-	kind create cluster --name $(KIND_CLUSTER)
-	python3 images/build.py --save $(VENV)/images
-	ls $(VENV)/images/*.tar | xargs -n1 kind load image-archive --name $(KIND_CLUSTER)
-	$(BIN)/helm repo add kuberay https://ray-project.github.io/kuberay-helm/
-	$(BIN)/helm install kuberay-operator kuberay/kuberay-operator --version 1.7.0 --kube-context kind-$(KIND_CLUSTER) --wait
-	$(BIN)/helm install rayship charts/rayship -n rayship-system --create-namespace --kube-context kind-$(KIND_CLUSTER) \
-		--set defaults.workloadImage=rayship/rayship-workloads:$(VERSION)-cpu --wait
-	$(BIN)/kubectl --context kind-$(KIND_CLUSTER) apply -f - <<< '{"apiVersion":"v1","kind":"PersistentVolumeClaim","metadata":{"name":"rayship-checkpoints","namespace":"default"},"spec":{"accessModes":["ReadWriteOnce"],"resources":{"requests":{"storage":"1Gi"}}}}'
+# kind (controlplane/kindcluster.py): kind v0.33.0 built from the Go proxy, a node image built here
+# (controlplane/kindnode.py: no registry), a private dockerd in its own network and mount namespaces;
+# KubeRay as a Deployment of its own manifests, rayship from its chart. `kind-down` checks that nothing
+# is left on the host.
+kind-up: setup cluster-build image-deps node-deps images ## a kind cluster with KubeRay and rayship's chart (KUBECONFIG=.kind/kubeconfig)
+	$(BIN)/python controlplane/kindcluster.py up
 
-e2e: setup ## the kind end-to-end tests (skipped, with the reason, where there is no cluster)
-	$(PYTEST) -q -m e2e tests/e2e
+kind-down: ## delete the kind cluster, stop its dockerd, check the host is as before
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) controlplane/kindcluster.py down --check
+
+e2e-kind: setup ## the kind end-to-end tests on the cluster `make kind-up` started (train, serve, clean up)
+	flock /tmp/rayship-ray.lock $(PYTEST) -q -s -m e2e tests/e2e/test_kind.py
 
 ##@ Local control plane (no Docker: real etcd, kube-apiserver, controllers and KubeRay; kwok nodes)
 .PHONY: cluster-build cluster-up cluster-down test-controlplane e2e-local node-deps

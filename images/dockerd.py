@@ -43,6 +43,19 @@ class Docker:
         self.socket = self.run_dir / "docker.sock"
         self.cgroup = "rayship-images"
         self.process: subprocess.Popen[bytes] | None = None
+        # For a dockerd with a network (controlplane/kindcluster.py): a command it runs under (a network
+        # namespace), daemon.json settings, shell lines run first in its mount namespace, and its
+        # network flags. Building images needs none: no bridge, no iptables rules, no IP forwarding.
+        self.prefix: list[str] = []
+        self.daemon_settings: dict[str, object] = {}
+        self.setup: list[str] = []
+        self.network_flags = [
+            "--bridge=none",
+            "--iptables=false",
+            "--ip6tables=false",
+            "--ip-forward=false",
+            "--ip-masq=false",
+        ]
         self.env = dict(
             os.environ,
             DOCKER_HOST=f"unix://{self.socket}",
@@ -70,7 +83,8 @@ class Docker:
         daemon_json = self.root / "daemon.json"
         # Not /etc/docker/daemon.json; and the trust key, whose path dockerd 20.10 takes from its
         # configuration file only, not in /etc/docker/key.json.
-        daemon_json.write_text(json.dumps({"deprecated-key-path": str(self.root / "key.json")}) + "\n")
+        settings = {"deprecated-key-path": str(self.root / "key.json"), **self.daemon_settings}
+        daemon_json.write_text(json.dumps(settings) + "\n")
         dockerd = [
             "dockerd",
             f"--data-root={self.root / 'data'}",
@@ -81,19 +95,16 @@ class Docker:
             f"--config-file={daemon_json}",
             f"--cgroup-parent={self.cgroup}",
             "--storage-driver=overlay2",
-            "--bridge=none",
-            "--iptables=false",
-            "--ip6tables=false",
-            "--ip-forward=false",
-            "--ip-masq=false",
+            *self.network_flags,
         ]
         q = shlex.quote
         return (
             "set -e\n"
-            "mount -t tmpfs -o mode=0755,size=64m rayship-images /run\n"
-            f"containerd --config {q(str(self._containerd_config()))} >> {q(str(self.logs / 'containerd.log'))} 2>&1 &\n"
-            f"for i in $(seq 300); do [ -S {q(str(containerd_sock))} ] && break; sleep 0.1; done\n"
-            f"exec {shlex.join(dockerd)} >> {q(str(self.logs / 'dockerd.log'))} 2>&1\n"
+            + "".join(f"{line}\n" for line in self.setup)
+            + "mount -t tmpfs -o mode=0755,size=64m rayship-images /run\n"
+            + f"containerd --config {q(str(self._containerd_config()))} >> {q(str(self.logs / 'containerd.log'))} 2>&1 &\n"
+            + f"for i in $(seq 300); do [ -S {q(str(containerd_sock))} ] && break; sleep 0.1; done\n"
+            + f"exec {shlex.join(dockerd)} >> {q(str(self.logs / 'dockerd.log'))} 2>&1\n"
         )
 
     def start(self, log: LOG) -> None:
@@ -103,7 +114,7 @@ class Docker:
             folder.mkdir(parents=True, exist_ok=True)
         self.socket.unlink(missing_ok=True)
         # nice: the builds share the 2 cores with whatever else runs here (as the Go builds do)
-        cmd = ["nice", "-n", "10", "unshare", "--mount", "--propagation", "private", "--"]
+        cmd = [*self.prefix, "nice", "-n", "10", "unshare", "--mount", "--propagation", "private", "--"]
         cmd += ["sh", "-c", self._script()]
         self.process = subprocess.Popen(cmd, start_new_session=True)
         deadline = time.monotonic() + 90
@@ -147,11 +158,16 @@ class Docker:
             log("images: dockerd did not stop within 60 s: killing it")
             self.process.kill()
             self.process.wait()
+        self.process = None
+        self.check_stopped(pgid, log)
+
+    def check_stopped(self, pgid: int, log: LOG) -> None:
+        """Once dockerd has exited: its process group, any process still naming its run folder (a
+        container's shim), its mounts and its cgroups are gone, or BuildError says which is not."""
         stop_group(pgid, "dockerd and containerd", log)
         for pid in processes_mentioning(str(self.run_dir)):  # e.g. a container's shim
             log(f"images: stopping leftover process {pid}")
             os.kill(pid, signal.SIGKILL)
-        self.process = None
         mounted = [line for line in Path("/proc/mounts").read_text().splitlines() if str(self.base) in line]
         if mounted:
             raise BuildError(f"still mounted after dockerd stopped: {mounted[0]}")

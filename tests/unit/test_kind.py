@@ -1,0 +1,127 @@
+"""The kind harness's pure parts: the cluster configuration kind is given, the node image's CNI
+configuration and host guard, the runtime wrapper's capability trim, the OCI archives.
+
+What they add up to (a kind cluster whose node image was built here, KubeRay and rayship on it) is
+proven in tests/e2e/test_kind.py on the real thing."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from importlib.machinery import SourceFileLoader
+from importlib.util import module_from_spec, spec_from_loader
+from pathlib import Path
+
+from controlplane import kindcluster, kindnode, node
+from controlplane.oci import file_layer, oci_archive
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _runtime():
+    loader = SourceFileLoader("kind_runc", str(ROOT / "controlplane" / "kind-runc"))
+    module = module_from_spec(spec_from_loader("kind_runc", loader))
+    loader.exec_module(module)
+    return module
+
+
+def test_kind_is_told_what_this_host_needs() -> None:
+    config = json.loads(kindcluster.kind_config())
+    patches = config["kubeadmConfigPatches"]
+    kubelet = [json.loads(p) for p in patches if "KubeletConfiguration" in p]
+    assert kubelet == [{"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+                        "failCgroupV1": False}]  # fmt: skip
+    assert any("restrict_oom_score_adj = true" in p for p in config["containerdConfigPatches"])
+    net = config["networking"]
+    assert net["disableDefaultCNI"] is True  # the image's bridge configuration instead
+    assert net["apiServerAddress"] == kindcluster.NS_IP  # reached from the host over the veth pair
+    # the CNI configuration baked into the node hands out addresses of the cluster's pod subnet
+    (ranges,) = kindnode.CNI_CONFLIST["plugins"][0]["ipam"]["ranges"]
+    assert ranges == [{"subnet": net["podSubnet"]}]
+    assert [n["role"] for n in config["nodes"]] == ["control-plane"]  # the bridge CNI is one node's
+
+
+def test_the_image_tags_kubeadm_is_told_are_the_pinned_builds() -> None:
+    etcd = (ROOT / "controlplane" / "go" / "etcd" / "go.mod").read_text()
+    coredns = (ROOT / "controlplane" / "go" / "coredns" / "go.mod").read_text()
+    assert f"go.etcd.io/etcd/server/v3 v{kindnode.ETCD_TAG.removesuffix('-0')}" in etcd
+    assert f"github.com/coredns/coredns {kindnode.COREDNS_TAG} " in coredns
+    # kind merges the tags into the ClusterConfiguration of whichever kubeadm API it writes (v1beta3
+    # for v1.35: a patch naming v1beta4 matched nothing, and kubeadm asked for etcd 3.6.6-0)
+    (tags,) = [
+        p
+        for p in json.loads(kindcluster.kind_config())["kubeadmConfigPatches"]
+        if "ClusterConfiguration" in p
+    ]
+    assert "apiVersion" not in tags and f"imageTag: {kindnode.ETCD_TAG}" in tags
+    assert f"imageTag: {kindnode.COREDNS_TAG}" in tags
+
+
+def test_the_node_masks_every_setting_the_kubelet_rewrites() -> None:
+    entrypoint = kindnode.RAYSHIP_ENTRYPOINT
+    assert f"for key in {' '.join(node.KUBELET_SYSCTLS)}; do" in entrypoint
+    # read-only last: after the masks and the writable net/ are mounted over it
+    assert entrypoint.rstrip().splitlines()[-2] == "mount -o remount,bind,ro /proc/sys"
+    assert kindnode.ENTRYPOINT[1:] == ["/usr/local/bin/entrypoint", "/sbin/init"]  # then kind's own
+
+
+def test_the_runtime_drops_only_the_capabilities_root_lacks(tmp_path: Path) -> None:
+    runtime = _runtime()
+    every = [f"CAP_{name}" for name in runtime.CAPS]
+    spec = {"process": {"capabilities": {k: list(every) for k in ("bounding", "effective", "permitted")}},
+            "root": {"path": "rootfs"}}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(spec))
+    held = set(every) - {"CAP_SYS_RESOURCE"}
+    runtime.rewrite(str(tmp_path / "config.json"), True, held)
+    trimmed = json.loads((tmp_path / "config.json").read_text())
+    for names in trimmed["process"]["capabilities"].values():
+        assert names == [c for c in every if c != "CAP_SYS_RESOURCE"]
+    assert trimmed["root"] == spec["root"]
+    # `exec --process FILE`: the process document itself
+    process = tmp_path / "process.json"
+    process.write_text(json.dumps({"capabilities": {"bounding": ["CAP_SYS_RESOURCE", "CAP_CHOWN"]}}))
+    runtime.rewrite(str(process), False, held)
+    assert json.loads(process.read_text())["capabilities"]["bounding"] == ["CAP_CHOWN"]
+    # a spec that asks for nothing the host lacks is left as it is (byte for byte)
+    untouched = json.dumps({"process": {"capabilities": {"bounding": ["CAP_CHOWN"]}}}, indent=3)
+    (tmp_path / "config.json").write_text(untouched)
+    runtime.rewrite(str(tmp_path / "config.json"), True, held)
+    assert (tmp_path / "config.json").read_text() == untouched
+
+
+def test_the_runtime_reads_its_own_bounding_set() -> None:
+    runtime = _runtime()
+    mask = int(next(line for line in open("/proc/self/status") if line.startswith("CapBnd:")).split()[1], 16)
+    held = runtime.bounding()
+    assert ("CAP_SYS_RESOURCE" in held) == bool(mask >> 24 & 1)
+    assert len(held) == bin(mask).count("1")
+
+
+def test_oci_archive_names_its_image_and_carries_the_layers_in_order() -> None:
+    base = file_layer({"usr/sbin/nft": (b"nft", 0o755)})
+    top = file_layer({"usr/local/bin/kube-proxy": (b"proxy", 0o755)})
+    archive = tarfile.open(
+        fileobj=io.BytesIO(oci_archive("registry.k8s.io/kube-proxy:v1.35.4", [base, top], {}))
+    )
+    index = json.load(archive.extractfile("index.json"))
+    (entry,) = index["manifests"]
+    assert entry["annotations"]["io.containerd.image.name"] == "registry.k8s.io/kube-proxy:v1.35.4"
+    manifest = json.load(archive.extractfile(f"blobs/sha256/{entry['digest'].split(':')[1]}"))
+    assert len(manifest["layers"]) == 2
+    layer = tarfile.open(fileobj=archive.extractfile(f"blobs/sha256/{manifest['layers'][1]['digest'][7:]}"))
+    # parent folders come first, with a mode of their own
+    assert [(m.name, m.isdir()) for m in layer.getmembers()] == [
+        ("usr", True),
+        ("usr/local", True),
+        ("usr/local/bin", True),
+        ("usr/local/bin/kube-proxy", False),
+    ]
+
+
+def test_the_chart_on_kind_never_pulls_and_requests_cpu_without_limits() -> None:
+    values = kindcluster.chart_values("rayship/rayship-workloads:1.2.3-cpu")
+    assert values == {
+        "image": {"pullPolicy": "Never"},
+        "defaults": {"workloadImage": "rayship/rayship-workloads:1.2.3-cpu", "cpuLimits": False},
+    }
