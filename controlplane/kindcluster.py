@@ -235,23 +235,14 @@ def node_exec(*args: str, timeout: float = 900) -> str:
 # --- the network namespace ------------------------------------------------------------------------------
 def ensure_netns(state: dict) -> None:
     from controlplane.config import NETNS_DIR
-    from controlplane.network import is_mount_point
+    from controlplane.network import is_mount_point, link_netns
 
     netns_dir = Path(NETNS_DIR)
-    state.setdefault("made_netns_dir", not netns_dir.exists())
+    state.setdefault("made_netns_dir", not netns_dir.exists())  # `ip netns add` makes it, and a mount
     state.setdefault("made_netns_mount", not is_mount_point(netns_dir))
-    if NETNS not in run_command(["ip", "netns", "list"], check=False).stdout.split():
-        run_command(["ip", "netns", "add", NETNS])
     state["netns"] = True
     save_state(state)
-    ns = ["ip", "-n", NETNS]
-    if run_command(["ip", "link", "show", VETH_HOST], check=False).returncode != 0:
-        run_command(["ip", "link", "add", VETH_HOST, "type", "veth", "peer", "name", VETH_NS, "netns", NETNS])
-    run_command(["ip", "addr", "replace", f"{HOST_IP}/30", "dev", VETH_HOST])
-    run_command(["ip", "link", "set", VETH_HOST, "up"])
-    run_command([*ns, "addr", "replace", f"{NS_IP}/30", "dev", VETH_NS])
-    run_command([*ns, "link", "set", VETH_NS, "up"])
-    run_command([*ns, "link", "set", "lo", "up"])
+    link_netns(NETNS, VETH_HOST, VETH_NS, HOST_IP, NS_IP)
 
 
 def remove_netns(state: dict) -> list[str]:

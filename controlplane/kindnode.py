@@ -69,10 +69,14 @@ DEBIAN_SOURCES = (
 # kind's images/base/Dockerfile list, less nfs-common, open-iscsi (storage e2e tests) and
 # fuse-overlayfs (rootless), plus the runtime kind builds itself (Debian's: containerd 1.6, runc 1.1,
 # the CNI plugins).
+# The runtime is pinned to the builds the real node runs (the Makefile's NODE_DEBS; a unit test holds
+# them equal): the host's containerd writes the node's image store at build time, so they must match.
+RUNTIME_PINS = (
+    "containerd=1.6.20~ds1-1+deb12u3", "runc=1.1.5+ds1-1+deb12u1", "containernetworking-plugins=1.1.1+ds1-3+b5",
+)  # fmt: skip
 NODE_PACKAGES = (
     "systemd", "conntrack", "iptables", "nftables", "iproute2", "ethtool", "util-linux", "mount", "kmod",
-    "libseccomp2", "pigz", "e2fsprogs", "bash", "ca-certificates", "curl", "jq", "procps",
-    "containerd", "runc", "containernetworking-plugins",
+    "libseccomp2", "pigz", "e2fsprogs", "bash", "ca-certificates", "curl", "jq", "procps", *RUNTIME_PINS,
 )  # fmt: skip
 PROXY_PACKAGES = ("nftables", "iptables", "conntrack")  # kube-proxy's image: nft for its nftables mode
 MMDEBSTRAP_OPTIONS = (

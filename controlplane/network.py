@@ -24,18 +24,25 @@ def netns_exists() -> bool:
     return NETNS in run_command(["ip", "netns", "list"], check=False).stdout.split()
 
 
+def link_netns(netns: str, veth_host: str, veth_ns: str, host_ip: str, ns_ip: str) -> None:
+    """The network namespace `netns` (made if missing), linked to the host by a veth pair: host_ip/30
+    on the host's end, ns_ip/30 on its own; its loopback up. Each step is a no-op once done."""
+    if netns not in run_command(["ip", "netns", "list"], check=False).stdout.split():
+        run_command(["ip", "netns", "add", netns])
+    ns = ["ip", "-n", netns]
+    if run_command(["ip", "link", "show", veth_host], check=False).returncode != 0:
+        run_command(["ip", "link", "add", veth_host, "type", "veth", "peer", "name", veth_ns, "netns", netns])
+    run_command(["ip", "addr", "replace", f"{host_ip}/30", "dev", veth_host])
+    run_command(["ip", "link", "set", veth_host, "up"])
+    run_command([*ns, "addr", "replace", f"{ns_ip}/30", "dev", veth_ns])
+    run_command([*ns, "link", "set", veth_ns, "up"])
+    run_command([*ns, "link", "set", "lo", "up"])
+
+
 def ensure_netns() -> None:
     """The pod network: POD_CIDR and SERVICE_CIDR lead into NETNS, where every connection is refused."""
-    if not netns_exists():
-        run_command(["ip", "netns", "add", NETNS])
+    link_netns(NETNS, VETH_HOST, VETH_NS, LINK_HOST_IP, LINK_NS_IP)
     ns = ["ip", "-n", NETNS]
-    if run_command(["ip", "link", "show", VETH_HOST], check=False).returncode != 0:
-        run_command(["ip", "link", "add", VETH_HOST, "type", "veth", "peer", "name", VETH_NS, "netns", NETNS])
-    run_command(["ip", "addr", "replace", f"{LINK_HOST_IP}/30", "dev", VETH_HOST])
-    run_command(["ip", "link", "set", VETH_HOST, "up"])
-    run_command([*ns, "addr", "replace", f"{LINK_NS_IP}/30", "dev", VETH_NS])
-    run_command([*ns, "link", "set", VETH_NS, "up"])
-    run_command([*ns, "link", "set", "lo", "up"])
     for cidr in (POD_CIDR, SERVICE_CIDR):
         # In NETNS every address of the range is local, so its kernel answers a SYN with a RST. The
         # route lives in table `local`: only there does the kernel accept such an address as the

@@ -125,3 +125,12 @@ def test_the_chart_on_kind_never_pulls_and_requests_cpu_without_limits() -> None
         "image": {"pullPolicy": "Never"},
         "defaults": {"workloadImage": "rayship/rayship-workloads:1.2.3-cpu", "cpuLimits": False},
     }
+
+
+def test_the_node_runs_the_runtime_the_real_node_runs() -> None:
+    """The host's containerd writes the node image's store at build time (the same Debian build must
+    read it), and the real node and the kind node run one containerd, runc and CNI plugins."""
+    makefile = (ROOT / "Makefile").read_text()
+    node_debs = makefile.split("NODE_DEBS := ", 1)[1].split("\n\n", 1)[0].replace("\\\n", " ").split()
+    for pin in kindnode.RUNTIME_PINS:
+        assert pin in node_debs, (pin, node_debs)
