@@ -70,8 +70,12 @@ def kind() -> Iterator[dict[str, str]]:
             pytest.skip(
                 "kind e2e: no kind cluster is up: run `make kind-up` (or RAYSHIP_KIND=1 to start one)"
             )
-        kindcluster.up()
         started = True
+        try:
+            kindcluster.up()
+        except BaseException:
+            kindcluster.down()  # a cluster half up is not left running on the host
+            raise
     yield before
     if started:
         left = kindcluster.down()
