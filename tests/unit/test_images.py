@@ -563,16 +563,20 @@ def test_check_catches_a_broken_dockerfile(
 
 
 def test_make_test_runs_every_tier_once() -> None:
-    """`make test` names its tiers (some run beside the others): every tests/ folder of tests, once."""
-    named = [
-        tier
-        for var in ("TIERS_WITHOUT_RAY", "TIERS_WITH_RAY", "TIERS_AFTER")
-        for tier in makefile_variable(var).split()
+    """`make test` names its tiers (some run beside the others): every tests/ folder of tests, once;
+    a file a tier leaves out (--ignore) is a tier of its own (the kind tier), run once too."""
+    words = [
+        word
+        for var in ("TIERS_WITHOUT_RAY", "TIERS_WITH_RAY", "TIERS_AFTER", "TIER_KIND")
+        for word in makefile_variable(var).split()
     ]
+    named = [w for w in words if not w.startswith("-")]
+    ignored = [w.removeprefix("--ignore=") for w in words if w.startswith("--ignore=")]
     folders = [
         f"tests/{d.name}" for d in (REPO / "tests").iterdir() if d.is_dir() and any(d.glob("test_*.py"))
     ]
-    assert sorted(named) == sorted(folders)
+    assert sorted(n for n in named if n not in ignored) == sorted(folders)
+    assert ignored == ["tests/e2e/test_kind.py"] and named.count("tests/e2e/test_kind.py") == 1
 
 
 # --- the registry-free build (images/build.py, `make images`) ------------------------------------
