@@ -67,6 +67,19 @@ KUBERAY_NAMESPACE = "kuberay-system"
 RUNTIME = Path(__file__).resolve().parent / "kind-runc"
 
 
+# Host-wide kernel settings a privileged node could rewrite: the kubelet's, and those Debian's
+# sysctl.d files set at boot. `up` records them before anything starts; `down` says any that changed.
+HOST_SETTINGS = (
+    "vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops", "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes", "fs/protected_hardlinks", "fs/protected_symlinks", "fs/protected_regular",
+    "fs/protected_fifos", "kernel/pid_max",
+)  # fmt: skip
+
+
+def host_settings() -> dict[str, str]:
+    return {key: (Path("/proc/sys") / key).read_text().strip() for key in HOST_SETTINGS}
+
+
 def log(message: str) -> None:
     print(f"kind: {message}", flush=True)
 
@@ -402,6 +415,7 @@ def up() -> None:
     build.ensure_built(log)
     archive = kindnode.ensure_built(log)
     STATE_DIR.mkdir(parents=True, exist_ok=True)
+    state["host_settings"] = host_settings()  # before anything of the cluster runs
     ensure_netns(state)
     daemon = docker()
     try:
@@ -442,7 +456,7 @@ def up() -> None:
 # --- down -----------------------------------------------------------------------------------------------
 def down() -> list[str]:
     """Delete the cluster, stop dockerd, remove the network namespace; returns what is left on the
-    host (empty when all is as before `up`)."""
+    host, and the host-wide kernel settings that differ from before `up` (empty: all as before)."""
     state = load_state()
     pgid = state.get("dockerd_pgid")
     daemon = docker()
@@ -464,7 +478,10 @@ def down() -> list[str]:
     shutil.rmtree(cache_root() / "usr-lib", ignore_errors=True)
     for path in (KUBECONFIG, _state_file()):
         path.unlink(missing_ok=True)
-    return leftovers()
+    now = host_settings()
+    changed = [f"sysctl {k.replace('/', '.')} {v} (was {state['host_settings'][k]} before up)"
+               for k, v in now.items() if k in state.get("host_settings", {}) and state["host_settings"][k] != v]  # fmt: skip
+    return leftovers() + changed
 
 
 def leftovers() -> list[str]:

@@ -21,7 +21,6 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import kubernetes
@@ -29,7 +28,6 @@ import pytest
 import yaml
 
 from controlplane import kindcluster, kindnode
-from controlplane import node as realnode
 from controlplane.config import VENV_BIN
 from rayship import api
 from rayship.api import names
@@ -50,20 +48,12 @@ SMALL_SERVICE = {
     "autoscaler": {"cpus": 0.1, "memory": "512Mi"},  # KubeRay's default 500m does not fit beside the rest
     "resources": {"gpus": 0, "cpus": 0.25, "memory": "2Gi"},
 }
-# Host-wide settings a privileged node could rewrite: the kubelet's, and those Debian's sysctl.d sets
-HOST_SETTINGS = (*realnode.KUBELET_SYSCTLS, "fs/protected_hardlinks", "fs/protected_symlinks",
-                 "fs/protected_regular", "fs/protected_fifos", "kernel/pid_max")  # fmt: skip
-
-
-def host_settings() -> dict[str, str]:
-    return {key: (Path("/proc/sys") / key).read_text().strip() for key in HOST_SETTINGS}
 
 
 @pytest.fixture(scope="module")
 def kind() -> Iterator[dict[str, str]]:
-    """The kind cluster (reused, or brought up and down here); yields the host settings as they were
-    before it started (or now, when reused)."""
-    before = host_settings()
+    """The kind cluster (reused, or brought up and down here); yields the host's kernel settings as
+    `kind-up` recorded them before the cluster started."""
     started = False
     if not kindcluster.is_up():
         if os.environ.get("CI") != "true" and os.environ.get("RAYSHIP_KIND") != "1":
@@ -76,11 +66,10 @@ def kind() -> Iterator[dict[str, str]]:
         except BaseException:
             kindcluster.down()  # a cluster half up is not left running on the host
             raise
-    yield before
+    yield kindcluster.load_state()["host_settings"]
     if started:
-        left = kindcluster.down()
+        left = kindcluster.down()  # processes, mounts, cgroups, netns, veth, changed host settings
         assert not left, f"`kind-down` left on the host: {left}"
-        assert host_settings() == before
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +141,7 @@ def test_the_host_keeps_its_kernel_settings(kind: dict[str, str]) -> None:
         for key in ("vm/overcommit_memory", "kernel/panic")
     ]
     assert inside == ["1", "10"], "the kubelet's writes did not reach the node's masks"
-    assert host_settings() == kind, "a host-wide kernel setting changed while the kind node ran"
+    assert kindcluster.host_settings() == kind, "a host-wide kernel setting changed while the kind node ran"
     refused = subprocess.run(
         ["docker", "exec", kindcluster.NODE, "sh", "-c", "echo 1 > /proc/sys/kernel/panic_on_warn"],
         env=kindcluster.env(), capture_output=True, text=True,

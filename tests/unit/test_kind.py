@@ -134,3 +134,16 @@ def test_the_node_runs_the_runtime_the_real_node_runs() -> None:
     node_debs = makefile.split("NODE_DEBS := ", 1)[1].split("\n\n", 1)[0].replace("\\\n", " ").split()
     for pin in kindnode.RUNTIME_PINS:
         assert pin in node_debs, (pin, node_debs)
+
+
+def test_kind_down_checks_every_setting_the_kubelet_and_debian_would_rewrite() -> None:
+    assert set(node.KUBELET_SYSCTLS) <= set(kindcluster.HOST_SETTINGS)
+    assert {
+        "fs/protected_hardlinks",
+        "fs/protected_symlinks",
+        "fs/protected_regular",
+        "fs/protected_fifos",
+    } <= set(
+        kindcluster.HOST_SETTINGS
+    )  # Debian's 99-protect-links.conf, which a node's systemd-sysctl applied host-wide in a probe
+    assert set(kindcluster.host_settings()) == set(kindcluster.HOST_SETTINGS)
