@@ -30,7 +30,7 @@ from ray.train.v2.api.callback import UserCallback
 from rayship import api
 from rayship.api import names, yamlio
 from rayship.api.validation import SpecError, parse_trainingjob
-from rayship_workloads import data, joblog, progress, redact, tracking, train, tune
+from rayship_workloads import data, joblog, progress, redact, strategies, tracking, train, tune
 
 
 class JobError(ValueError):
@@ -251,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         # Everything this driver prints from here on (the workers' output too, as Ray forwards it) is
         # also kept next to the checkpoints, for `rayship logs` once the Ray cluster is gone.
         joblog.capture(storage_root, train.run_name(tj), names.DRIVER_LOG, new_attempt=True)
+        if said := strategies.fp32_on_cpu(tj):  # CPU worker pods (gpusPerWorker 0), as `rayship run` does
+            print(f"[rayship] {said}", flush=True)
         run(tj, storage_root=storage_root, reporter=ClusterReporter(os.environ.get(names.ENV_TRAININGJOB)))
     except (JobError, data.DataError, train.TrainingFailed) as err:
         print(f"error: {redact.scrub(str(err), doc)}", file=sys.stderr)

@@ -95,11 +95,10 @@ def localize(tj: api.TrainingJob, *, cores: int, has_gpu: bool) -> tuple[api.Tra
         changes.append(f"capped to {cores} workers (local cores)")
         if workers.min_replicas is not None and workers.min_replicas > cores:
             workers.min_replicas = cores  # elastic down to the machine's size
-    trainer = local.spec.trainer
-    precision = trainer.deepspeed if trainer.strategy == "deepspeed" else trainer.fsdp
-    if precision is not None and precision.precision == "fp16" and not has_gpu:
-        precision.precision = "fp32"
-        changes.append("precision fp16 -> fp32: CPUs do not train in fp16")
+    from rayship_workloads import strategies  # torch: only once a run is being prepared
+
+    if not has_gpu and (said := strategies.fp32_on_cpu(local)):
+        changes.append(said)
     got = f"{workers.replicas} {'GPU' if workers.gpus_per_worker else 'CPU'} workers"
     return local, f"local run: {asked} requested -> {got}" + (f" ({'; '.join(changes)})" if changes else "")
 

@@ -66,6 +66,18 @@ def deepspeed_config(trainer: api.TrainerSpec, use_gpu: bool) -> dict[str, Any]:
 PRECISION = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def fp32_on_cpu(tj: api.TrainingJob) -> str | None:
+    """fp16 asked of workers without a GPU trains in fp32 (changed in place); returns the line that
+    says so, or None. CPUs do not train in fp16: DeepSpeed refuses it on a CPU that lacks fp16 ("Type
+    fp16 is not supported on your device", an AMD EPYC here), FSDP's mixed precision gains nothing."""
+    trainer = tj.spec.trainer
+    precision = trainer.deepspeed if trainer.strategy == "deepspeed" else trainer.fsdp
+    if precision is None or precision.precision != "fp16" or tj.spec.workers.gpus_per_worker:
+        return None
+    precision.precision = "fp32"
+    return "precision fp16 -> fp32: CPUs do not train in fp16"
+
+
 class DDPStrategy:
     name = "ddp"
     dtype = torch.float32
