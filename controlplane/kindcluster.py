@@ -50,7 +50,7 @@ from controlplane.config import CHART, KUBERAY_CRDS, RAYSHIP_NAMESPACE, RAYSHIP_
 from controlplane.oci import file_layer, oci_archive
 from controlplane.processes import run_command
 from images.dockerd import DOCKER, Docker
-from images.processes import processes_mentioning
+from images.processes import BuildError, processes_mentioning
 
 CLUSTER = "rayship"
 NODE = f"{CLUSTER}-control-plane"  # kind's name for the one node
@@ -504,6 +504,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=("up", "down", "env", "leftovers"))
     parser.add_argument("--check", action="store_true", help="down: exit 1 if anything is left on the host")
     args = parser.parse_args(argv)
+    try:
+        return _command(args)
+    except (RuntimeError, BuildError, OSError, subprocess.SubprocessError) as err:
+        # a step that failed (a tool's own output, a process that did not start), said without a
+        # traceback; what `up` started is left for `kind-down`, which takes a half-up cluster down
+        print(f"kind: {args.command} failed: {err}", file=sys.stderr)
+        if args.command == "up":
+            print("kind: `make kind-down` takes down what was started", file=sys.stderr)
+        return 1
+
+
+def _command(args: argparse.Namespace) -> int:
     if args.command == "up":
         up()
     elif args.command == "down":

@@ -147,3 +147,16 @@ def test_kind_down_checks_every_setting_the_kubelet_and_debian_would_rewrite() -
         kindcluster.HOST_SETTINGS
     )  # Debian's 99-protect-links.conf, which a node's systemd-sysctl applied host-wide in a probe
     assert set(kindcluster.host_settings()) == set(kindcluster.HOST_SETTINGS)
+
+
+def test_a_failed_step_is_said_without_a_traceback(monkeypatch, capsys) -> None:
+    def fails() -> None:
+        raise RuntimeError("kind create cluster failed (1): ERROR: failed to create cluster")
+
+    monkeypatch.setattr(kindcluster, "up", fails)
+    assert kindcluster.main(["up"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "kind: up failed: kind create cluster failed (1): ERROR: failed to create cluster",
+        "kind: `make kind-down` takes down what was started",
+    ]
