@@ -42,6 +42,7 @@ TJ, MS, RJ, RS = api.TRAININGJOBS, api.MODELSERVICES, api.RAYJOBS, api.RAYSERVIC
 TRAINING, SERVING = "mlp-cpu", "mlp-cpu"  # the samples' names
 UNDISTURBED = "mlp-cpu-undisturbed"  # the elastic job's twin that nothing disturbs
 RETRAINING = "retrain"  # the TrainingSchedule whose promoted run the service rolls out to
+GATE_NONE_PASSES, GATE_ALL_PASS = 0.0, 1000.0  # its promote.threshold (loss below it passes)
 TS = api.TRAININGSCHEDULES
 # What the samples ask, cut to the node: a head of half a CPU, workers of half a CPU each.
 SMALL_TRAINING = {
@@ -642,8 +643,10 @@ def table_row(out: str) -> dict[str, str]:
 def schedule_retraining(cluster, kube: Kube) -> None:
     """`kubectl apply` the TrainingSchedule whose runs the service rolls out to: a run every minute
     (Forbid: one at a time), small enough to run beside the service (its head, KubeRay's autoscaler
-    sidecar of 0.5 CPU, a replica) on the node's 2 CPUs. Its gate (loss below 1000) passes every run
-    until a test lowers it."""
+    sidecar of 0.5 CPU, a replica) on the node's 2 CPUs. Its gate (loss below 0) fails every run until
+    the rollout test raises it, once it has seen the service wait for a promoted run: whether the
+    first run ends before that test begins no longer decides what it sees (with a gate every run
+    passed, a first run that ended while the tests before took longer left nothing to wait for)."""
     doc = yaml.safe_load((SAMPLES / "kind-trainingjob-cpu.yaml").read_text())
     template = doc["spec"]
     template.update(SMALL_TRAINING)
@@ -657,7 +660,7 @@ def schedule_retraining(cluster, kube: Kube) -> None:
         "spec": {
             "schedule": "* * * * *",
             "concurrencyPolicy": "Forbid",
-            "promote": {"metric": "loss", "goal": "minimize", "threshold": 1000.0},
+            "promote": {"metric": "loss", "goal": "minimize", "threshold": GATE_NONE_PASSES},
             "jobTemplate": {"spec": template},
         },
     }
@@ -841,8 +844,17 @@ def test_a_scheduled_run_that_passes_the_gate_rolls_out_in_place_by_itself(
             SERVING,
             {"spec": {"model": {"fromTrainingJob": None, "fromTrainingSchedule": {"name": RETRAINING}}}},
         )
+        # Nothing is promoted (the gate passes no run): the service says so and keeps its model. Seen
+        # first (a positive observation), then the gate is raised and the next run to end passes it.
+        wait_for(
+            lambda: waiting, 120, interval=0.2, what="ModelAvailable NothingPromoted, the old model kept"
+        )
+        assert not kube.status(TS, RETRAINING).get("promoted"), kube.status(TS, RETRAINING)
+        kube.patch(TS, RETRAINING, {"spec": {"promote": {"threshold": GATE_ALL_PASS}}})
         promoted = wait_for(lambda: kube.status(TS, RETRAINING).get("promoted"), 300, what="a promoted run")
-        kube.patch(TS, RETRAINING, {"spec": {"promote": {"threshold": 0.0}}})  # the next run fails the gate
+        kube.patch(
+            TS, RETRAINING, {"spec": {"promote": {"threshold": GATE_NONE_PASSES}}}
+        )  # the next run fails
         new = promoted["model"]
         assert new != old and new == kube.status(TJ, promoted["job"])["checkpoint"]["model"], promoted
         wait_for(
@@ -856,8 +868,7 @@ def test_a_scheduled_run_that_passes_the_gate_rolls_out_in_place_by_itself(
         worker.join(30)
     failed = [a for a in answers if a[1] is None]
     assert answers and not failed, f"{len(failed)} of {len(answers)} requests failed"
-    # while the schedule's first run trained, the status said so at least once, naming the old model
-    assert waiting, "ModelAvailable never said NothingPromoted while the first run trained"
+    # while no run had passed the gate, the status said so, naming the old model it kept serving
     assert all(f"still serving {old}" in m for m in waiting), waiting
     _, outputs = predict_in_pod(cluster, kube, new, rows)
     expected_new = [y for row in outputs for y in row]
