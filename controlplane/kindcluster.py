@@ -50,7 +50,7 @@ from controlplane.config import CHART, KUBERAY_CRDS, RAYSHIP_NAMESPACE, RAYSHIP_
 from controlplane.oci import file_layer, oci_archive
 from controlplane.processes import run_command
 from images.dockerd import DOCKER, Docker
-from images.processes import BuildError, processes_mentioning
+from images.processes import BuildError, group_members, processes_mentioning
 
 CLUSTER = "rayship"
 NODE = f"{CLUSTER}-control-plane"  # kind's name for the one node
@@ -192,13 +192,10 @@ def save_state(state: dict) -> None:
 
 
 def _alive(pgid: int | None) -> bool:
-    if not pgid:
-        return False
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    """Whether a process of the group still runs. Not a zombie: where `up` ran in this process (the
+    kind tier's fixture), dockerd is its child and stays one, unreaped, after it exits, and a
+    `killpg(pgid, 0)` that counted it made `down` wait its whole minute for a process already gone."""
+    return bool(pgid) and bool(group_members(pgid))
 
 
 def is_up() -> bool:
@@ -503,6 +500,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("up", "down", "env", "leftovers"))
     parser.add_argument("--check", action="store_true", help="down: exit 1 if anything is left on the host")
+    parser.add_argument(
+        "--started-file",
+        type=Path,
+        help="up: write this file if this call starts the cluster (not when one is up): `make test` takes "
+        "down only a cluster it started",
+    )
     args = parser.parse_args(argv)
     try:
         return _command(args)
@@ -517,6 +520,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _command(args: argparse.Namespace) -> int:
     if args.command == "up":
+        if args.started_file and not is_up():
+            # Before `up`: one that fails half-way leaves a cluster that is ours to take down.
+            args.started_file.write_text("started by `controlplane/kindcluster.py up --started-file`\n")
         up()
     elif args.command == "down":
         left = down()

@@ -160,3 +160,44 @@ def test_a_failed_step_is_said_without_a_traceback(monkeypatch, capsys) -> None:
         "kind: up failed: kind create cluster failed (1): ERROR: failed to create cluster",
         "kind: `make kind-down` takes down what was started",
     ]
+
+
+def test_a_dockerd_that_exited_unreaped_is_not_waited_for() -> None:
+    """The kind tier's fixture runs `up` in its own process: dockerd is its child and, once kind-down
+    has stopped it, a zombie until the tier ends. It counts as gone (down waited 60 s for it before)."""
+    import os
+    import subprocess
+    import time
+
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert kindcluster._alive(child.pid)
+    finally:
+        child.kill()
+    deadline = time.monotonic() + 10
+    while kindcluster._alive(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"  # not reaped yet
+    os.killpg(child.pid, 0)  # the group still exists to the kernel: what `_alive` asked before
+    assert not kindcluster._alive(child.pid)
+    child.wait()
+    assert not kindcluster._alive(child.pid) and not kindcluster._alive(None)
+
+
+def test_up_marks_a_cluster_it_starts_as_its_own_and_one_it_finds_not(monkeypatch, tmp_path: Path) -> None:
+    """`make test` takes down the kind cluster only if its `up --started-file` started it: a start that
+    fails half-way is marked too (its leftovers are ours to take down); a cluster already up is not."""
+    marker = tmp_path / "kind-started"
+
+    def fails() -> None:
+        raise RuntimeError("kind create cluster failed (1)")
+
+    monkeypatch.setattr(kindcluster, "up", fails)
+    monkeypatch.setattr(kindcluster, "is_up", lambda: False)
+    assert kindcluster.main(["up", "--started-file", str(marker)]) == 1
+    assert marker.is_file()
+    marker.unlink()
+    monkeypatch.setattr(kindcluster, "up", lambda: None)
+    monkeypatch.setattr(kindcluster, "is_up", lambda: True)
+    assert kindcluster.main(["up", "--started-file", str(marker)]) == 0
+    assert not marker.exists()
