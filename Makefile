@@ -125,8 +125,11 @@ docs-deps: ## install the headless browser the docs site's test uses (bookworm's
 TIERS_WITHOUT_RAY := tests/unit tests/chart tests/docs tests/controlplane tests/operator
 TIERS_WITH_RAY := tests/workloads
 TIERS_AFTER := tests/e2e --ignore=tests/e2e/test_kind.py
-# The kind tier last, once the local cluster is down: its fixture brings a kind cluster up (and down)
-# when none is up (RAYSHIP_KIND=1; under CI=true it would anyway).
+# The kind tier last, once the local cluster is down. Its cluster starts beside the Ray tier too, after
+# the local one (kind-up is ~2.5 min of image import and kubeadm, which the end of the Ray tier shares;
+# started after the end-to-end tier it was 144 s of the kind tier's 354 s), and idles through the
+# end-to-end tier; `make test` takes down what it started. Where none is up, the tier's fixture brings
+# one up and down itself (RAYSHIP_KIND=1; under CI=true it would anyway).
 TIER_KIND := tests/e2e/test_kind.py
 
 # Each tier's output is also kept in .venv/tier-*.log; the last lines repeat every tier's failures
@@ -136,6 +139,9 @@ BESIDE = $(PYTEST) -q --durations=10 $(TIERS_WITHOUT_RAY) > $(VENV)/tier-without
 	echo $$? > $(VENV)/tier-without-ray.rc; \
 	echo "--- the cluster for $(TIERS_AFTER), started beside $(TIERS_WITH_RAY)"; \
 	SECONDS=0; $(BIN)/python controlplane/cluster.py up --started-file $(VENV)/cluster-started-by-make-test; \
+	echo "--- (exit code $$?, in $${SECONDS}s)"; \
+	echo "--- the kind cluster for $(TIER_KIND), started beside $(TIERS_WITH_RAY) too"; \
+	SECONDS=0; $(BIN)/python controlplane/kindcluster.py up --started-file $(VENV)/kind-started-by-make-test; \
 	echo "--- (exit code $$?, in $${SECONDS}s)"
 builds: setup node-deps image-deps ## the control plane's binaries (then the kind node image) and the images, built side by side
 	@echo "--- the control plane's binaries beside the images (the images' output follows)"; \
@@ -145,23 +151,25 @@ builds: setup node-deps image-deps ## the control plane's binaries (then the kin
 	exit $$(( go || built ))
 
 test: builds docs docs-deps ## the whole suite (every tier; what CI runs)
-	@rm -f $(VENV)/tier-without-ray.rc $(VENV)/cluster-started-by-make-test; \
+	@rm -f $(VENV)/tier-without-ray.rc $(VENV)/cluster-started-by-make-test $(VENV)/kind-started-by-make-test; \
 	stop_ours() { [ ! -f $(VENV)/cluster-started-by-make-test ] || $(BIN)/python controlplane/cluster.py down --check; }; \
-	echo "--- $(TIERS_WITHOUT_RAY), then the cluster (beside the Ray tier; their output follows it)"; \
+	stop_kind() { [ ! -f $(VENV)/kind-started-by-make-test ] || $(BIN)/python controlplane/kindcluster.py down --check; }; \
+	echo "--- $(TIERS_WITHOUT_RAY), then the clusters (beside the Ray tier; their output follows it)"; \
 	setsid bash -c '$(BESIDE)' > $(VENV)/beside-ray.log 2>&1 & beside=$$!; \
-	trap 'kill -- -$$beside 2>/dev/null; wait $$beside; stop_ours' EXIT; \
+	trap 'kill -- -$$beside 2>/dev/null; wait $$beside; stop_ours; stop_kind' EXIT; \
 	echo "--- $(TIERS_WITH_RAY)"; \
 	$(PYTEST) -q --durations=25 $(TIERS_WITH_RAY) 2>&1 | tee $(VENV)/tier-with-ray.log; ray=$${PIPESTATUS[0]}; \
 	wait $$beside; without=$$(cat $(VENV)/tier-without-ray.rc 2>/dev/null || echo 1); \
 	echo "--- $(TIERS_WITHOUT_RAY)"; cat $(VENV)/tier-without-ray.log; cat $(VENV)/beside-ray.log; \
 	echo "--- $(TIERS_AFTER)"; \
 	$(PYTEST) -q --durations=10 $(TIERS_AFTER) 2>&1 | tee $(VENV)/tier-after.log; after=$${PIPESTATUS[0]}; \
-	trap - EXIT; stop_ours; down=$$?; \
+	trap stop_kind EXIT; stop_ours; down=$$?; \
 	echo "--- $(TIER_KIND)"; \
 	RAYSHIP_KIND=1 $(PYTEST) -q --durations=10 $(TIER_KIND) 2>&1 | tee $(VENV)/tier-kind.log; kind=$${PIPESTATUS[0]}; \
-	echo "--- exit codes: $(TIERS_WITH_RAY) $$ray, the tiers without Ray $$without, $(TIERS_AFTER) $$after, cluster down $$down, kind $$kind"; \
+	trap - EXIT; stop_kind; kinddown=$$?; \
+	echo "--- exit codes: $(TIERS_WITH_RAY) $$ray, the tiers without Ray $$without, $(TIERS_AFTER) $$after, cluster down $$down, kind $$kind, kind down $$kinddown"; \
 	grep -hE '^(FAILED|ERROR) ' $(VENV)/tier-with-ray.log $(VENV)/tier-without-ray.log $(VENV)/tier-after.log $(VENV)/tier-kind.log; \
-	exit $$(( ray || without || after || down || kind ))
+	exit $$(( ray || without || after || down || kind || kinddown ))
 
 test-unit: setup ## renderer, CRD, CLI, status: no cluster, no Ray
 	$(PYTEST) -q tests/unit
