@@ -534,37 +534,117 @@ def test_a_job_killed_twice_has_three_attempts_on_record_whose_figures_add_up_to
     assert again["attempts"] == record and again["gpuSeconds"] == current["gpuSeconds"]
 
 
-def test_an_attempt_reached_at_least_the_epoch_the_next_one_resumed_from() -> None:
-    """A driver killed between an epoch's checkpoint and its progress patch: its attempt's last report
-    says epoch 5, the next attempt resumes from epoch 6 (that checkpoint was the killed attempt's own).
-    The record says attempt 2 reached 6, not 5 (the clean-clone CI on real pods: (2, Failed, 3, 5),
-    (3, Succeeded, 6, 8)); an attempt whose successor resumed from no further keeps its own report."""
-    t = [NOW + timedelta(seconds=s) for s in (0, 100, 110, 120, 200, 210, 220, 300)]
+def killed_between_checkpoint_and_report(recovered: dict | None) -> tuple[dict, list]:
+    """Three attempts, on Ray clusters c1..c3; attempt 2's driver is killed after Ray Train registered
+    its checkpoint of epoch 6 and before that report's status patch (the clean-clone CI on real pods:
+    attempt 2 last reported epoch 5, attempt 3 resumed from epoch 6). `recovered`: what attempt 3's
+    driver read back from Ray Train's record, as it starts. (The status, Events) at the end."""
+    t = [NOW + timedelta(seconds=s) for s in (0, 100, 110, 120, 200, 210, 215, 220, 300)]
     when = [rfc(x) for x in t]
 
-    def rj(deployment: str, job: str, start: int, **kw) -> dict:
-        status = {"jobDeploymentStatus": deployment, "jobStatus": job, "startTime": when[start], **kw}
+    def rj(deployment: str, job: str, start: int, cluster: int, **kw) -> dict:
+        status = {"jobDeploymentStatus": deployment, "jobStatus": job, "startTime": when[start],
+                  "rayClusterName": f"c{cluster}", **kw}  # fmt: skip
         return {"metadata": {"name": "rj"}, "status": status}
 
+    def report(epoch: int, cluster: int, resumed: int | None = None) -> dict:
+        return {"epoch": epoch, "checkpointEpoch": epoch, "rayCluster": f"c{cluster}",
+                **({"resumedFromEpoch": resumed} if resumed else {})}  # fmt: skip
+
     passes = [  # (time, RayJob, the workload's progress by then)
-        (0, rj("Running", "RUNNING", 0), {"epoch": 3}),
-        (1, rj("Retrying", "FAILED", 0, failed=1, reason="AppFailed"), {"epoch": 3}),
-        (2, rj("Initializing", "", 2, failed=1), {"epoch": 3}),
-        (3, rj("Running", "RUNNING", 2, failed=1), {"epoch": 4, "resumedFromEpoch": 3}),
-        (4, rj("Retrying", "FAILED", 2, failed=1, reason="AppFailed"), {"epoch": 5, "resumedFromEpoch": 3}),
-        (5, rj("Initializing", "", 5, failed=2), {"epoch": 5, "resumedFromEpoch": 3}),
-        (6, rj("Running", "RUNNING", 5, failed=2), {"epoch": 7, "resumedFromEpoch": 6}),
-        (7, rj("Complete", "SUCCEEDED", 5, failed=2, endTime=when[7]), {"epoch": 8, "resumedFromEpoch": 6}),
+        (0, rj("Running", "RUNNING", 0, 1), report(3, 1)),
+        (1, rj("Retrying", "FAILED", 0, 1, failed=1, reason="AppFailed"), report(3, 1)),
+        (2, rj("Initializing", "", 2, 2, failed=1), report(3, 1)),
+        (3, rj("Running", "RUNNING", 2, 2, failed=1), report(4, 2, 3)),
+        (4, rj("Retrying", "FAILED", 2, 2, failed=1, reason="AppFailed"), report(5, 2, 3)),
+        (5, rj("Initializing", "", 5, 3, failed=2), report(5, 2, 3)),
+        (6, rj("Running", "", 5, 3, failed=2), {**report(5, 2, 3), **({"recovered": recovered} if recovered else {})}),
+        (7, rj("Running", "RUNNING", 5, 3, failed=2), report(7, 3, 6)),
+        (8, rj("Complete", "SUCCEEDED", 5, 3, failed=2, endTime=when[8]), report(8, 3, 6)),
     ]  # fmt: skip
     current: dict = {}
+    events: list = []
     for i, rayjob_, progress in passes:
-        current = {**current, "progress": progress}
-        current = {**derive(obs(rayjob_, current), t[i]), "progress": progress}
-    record = [
-        (a["attempt"], a["outcome"], a.get("resumedFromEpoch"), a["reachedEpoch"])
-        for a in current["attempts"]
+        current = {**current, "progress": {**current.get("progress", {}), **progress}}  # merge-patched
+        st = derive(obs(rayjob_, current), t[i])
+        events += trainingjob.announce(current, st)
+        current = {**st, "progress": current["progress"]}
+    return current, events
+
+
+def epochs(status: dict) -> list[tuple]:
+    return [(a["attempt"], a["outcome"], a.get("resumedFromEpoch"), a.get("reachedEpoch"),
+             a.get("checkpointEpoch"), a.get("reportRecovered")) for a in status["attempts"]]  # fmt: skip
+
+
+def test_a_report_lost_as_its_attempt_ended_shows_as_a_checkpoint_beyond_its_last_report() -> None:
+    """Issue 59 §2: reachedEpoch is what the workload reported, never raised to the next attempt's
+    resume; the checkpoint it left (the epoch the next attempt resumed from) is on record beside it,
+    the gap is said in one Warning Event and in `rayship status`."""
+    status, events = killed_between_checkpoint_and_report(recovered=None)
+    assert epochs(status) == [
+        (1, "Failed", None, 3, 3, None),
+        (2, "Failed", 3, 5, 6, None),
+        (3, "Succeeded", 6, 8, 8, None),
     ]
-    assert record == [(1, "Failed", None, 3), (2, "Failed", 3, 6), (3, "Succeeded", 6, 8)]
+    lost = [e for e in events if e.reason == "ReportLost"]
+    assert [(e.type, e.message.split(":")[0]) for e in lost] == [
+        ("Warning", "attempt 2 left a checkpoint of epoch 6 (the next attempt resumed from it), but its "
+                    "last report on record is of epoch 5")]  # fmt: skip
+    assert "3->5 (checkpoint 6: its report lost)" in status_screen(status)
+
+
+def test_a_report_lost_as_its_attempt_ended_and_read_back_by_the_next_goes_to_the_attempt_before() -> None:
+    """The next attempt's driver read Ray Train's record of the newest checkpoint back (epoch 6): the
+    attempt before reached 6, said as recovered (an Event); no gap. A record not newer than what is on
+    record, or naming no attempt's cluster, changes nothing."""
+    recovered = {"epoch": 6, "step": 96, "metrics": {"loss": 0.5}, "rayCluster": "c3"}
+    status, events = killed_between_checkpoint_and_report(recovered)
+    assert epochs(status) == [
+        (1, "Failed", None, 3, 3, None),
+        (2, "Failed", 3, 6, 6, True),
+        (3, "Succeeded", 6, 8, 8, None),
+    ]
+    said = [(e.reason, e.message.split(" (")[0]) for e in events if e.reason.startswith("Report")]
+    assert said == [("ReportRecovered", "attempt 2's report of epoch 6 was lost as it ended")]
+    assert "3->6 (last report recovered)" in status_screen(status)
+    for other in (
+        {**recovered, "epoch": 5},
+        {**recovered, "rayCluster": "c9"},
+        {**recovered, "rayCluster": "c2"},
+    ):
+        status, events = killed_between_checkpoint_and_report(other)
+        assert epochs(status)[1] == (2, "Failed", 3, 5, 6, None), other
+        assert [e.reason for e in events if e.reason.startswith("Report")] == ["ReportLost"], other
+
+
+def test_an_attempt_takes_no_report_of_another_ray_cluster() -> None:
+    """The last report of attempt 1 (on c1) stays in status.progress (merge-patched) until attempt 2
+    reports: attempt 2, dead before its first report, reached nothing and left no checkpoint."""
+    t = [NOW + timedelta(seconds=s) for s in (0, 100, 110, 150, 160)]
+    when = [rfc(x) for x in t]
+    progress = {"epoch": 4, "checkpointEpoch": 4, "rayCluster": "c1"}
+
+    def rj(deployment: str, job: str, start: int, cluster: int, **kw) -> dict:
+        status = {"jobDeploymentStatus": deployment, "jobStatus": job, "startTime": when[start],
+                  "rayClusterName": f"c{cluster}", **kw}  # fmt: skip
+        return {"metadata": {"name": "rj"}, "status": status}
+
+    current: dict = {}
+    for i, rayjob_ in enumerate([
+        rj("Running", "RUNNING", 0, 1),
+        rj("Retrying", "FAILED", 0, 1, failed=1, reason="AppFailed"),
+        rj("Running", "RUNNING", 2, 2, failed=1),
+        rj("Failed", "FAILED", 2, 2, failed=2, endTime=when[3]),
+    ]):  # fmt: skip
+        current = {**derive(obs(rayjob_, {**current, "progress": progress}), t[i]), "progress": progress}
+    assert epochs(current) == [(1, "Failed", None, 4, 4, None), (2, "Failed", None, None, None, None)]
+
+
+def status_screen(status: dict) -> str:
+    from rayship.cli import status as cli_status
+
+    return cli_status.attempts_table(status, NOW + timedelta(seconds=400))
 
 
 def test_an_attempt_records_each_change_of_its_ready_worker_count() -> None:

@@ -98,6 +98,7 @@ from rayship.api.modelservice import (
     UpgradeOptions,
     VllmSpec,
 )
+from rayship.api.progress import ProgressStatus, RecoveredReport
 from rayship.api.serveargs import DEFAULT_MODEL_NAME, ServeArgs, max_ongoing_requests
 from rayship.api.trainer import (
     BYTE_EOS,
@@ -126,7 +127,6 @@ from rayship.api.trainingjob import (
     FailurePolicy,
     HeadSpec,
     Phase,
-    ProgressStatus,
     PvcStorage,
     RuntimeEnvSpec,
     SchedulingSpec,
@@ -257,6 +257,7 @@ __all__ = [
     "Phase",
     "TERMINAL_PHASES",
     "ProgressStatus",
+    "RecoveredReport",
     "CheckpointStatus",
     "TuningStatus",
     "TrainingJobStatus",

@@ -49,8 +49,21 @@ class AttemptStatus(ApiModel):
     reached_epoch: int | None = Field(
         None,
         ge=0,
-        description="The last epoch it completed: as reported, and at least the epoch the next attempt "
-        "resumed from (that checkpoint was its own, even when its report of it was lost with it).",
+        description="The last epoch it reported (a report lost as it ended and read back by the next "
+        "attempt from Ray Train's record of its checkpoint counts: reportRecovered).",
+    )
+    checkpoint_epoch: int | None = Field(
+        None,
+        ge=1,
+        description="The newest checkpoint it left, from its reports and from the epoch the next attempt "
+        "resumed from. Above reachedEpoch: the report of that epoch was lost as the attempt ended "
+        "(Event ReportLost).",
+    )
+    report_recovered: bool | None = Field(
+        None,
+        description="Its last report (reachedEpoch) was lost as it ended, after Ray Train had registered "
+        "its checkpoint; the next attempt's driver read it back from Ray Train's record (Event "
+        "ReportRecovered).",
     )
     gpu_seconds: float | None = Field(
         None, ge=0, description="Each of its Ray pods' GPUs x that pod's own running time, summed."

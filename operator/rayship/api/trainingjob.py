@@ -41,6 +41,7 @@ from rayship.api.common import (
     sub,
     uri_rules,
 )
+from rayship.api.progress import ProgressStatus
 from rayship.api.trainer import TrackingSpec, TrainerSpec
 from rayship.api.tuning import TuningSpec
 
@@ -438,26 +439,6 @@ TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
 # The condition types of a TrainingJob's status: the operator writes each, users and tools read them.
 # `Running`, `Complete`, `Failed` and `Suspended` follow the phase (one True at a time).
 TrainingJobConditionType = Literal["Valid", "Running", "Complete", "Failed", "Suspended", "SpecApplied"]
-
-
-class ProgressStatus(ApiModel):
-    """Training progress reported by the workload."""
-
-    epoch: int | None = Field(None, ge=0, description="Last completed epoch.")
-    step: int | None = Field(None, ge=0, description="Last optimizer step.")
-    metrics: dict[str, float] = Field(default_factory=dict, description="Latest metrics, e.g. loss.")
-    last_checkpoint: str | None = Field(None, description="URI of the latest checkpoint.")
-    resumed_from_epoch: int | None = Field(
-        None,
-        ge=1,
-        description="This attempt resumed from the checkpoint of this epoch (after a retry, a restarted "
-        "Ray head or a resubmitted job); absent when it started from scratch.",
-    )
-    stopped_early: bool | None = Field(
-        None,
-        description="Training stopped at `epoch`, before trainer.epochs: the metric had not improved for "
-        "trainer.earlyStopping.patience epochs.",
-    )
 
 
 class CheckpointStatus(ApiModel):

@@ -187,6 +187,11 @@ def attempts_table(status: Mapping[str, Any], now: datetime) -> str:
             if a.get("reachedEpoch") is not None
             else ""
         )
+        left = a.get("checkpointEpoch")
+        if isinstance(left, int) and left > (a.get("reachedEpoch") or 0):
+            epochs += f" (checkpoint {left}: its report lost)"
+        elif a.get("reportRecovered"):
+            epochs += " (last report recovered)"
         gpu = a.get("gpuSeconds")
         started = age(a.get("startTime"), now) + " ago"
         ended = age(a.get("endTime"), now) + " ago" if a.get("endTime") else "running"

@@ -4,8 +4,17 @@ KubeRay runs a RayJob's attempts one after the other (backoffLimit), each on a n
 keeps only the current one's `startTime` (set again at each attempt, and at a resume) and a count of
 failures. The operator turns what it sees into a record: an attempt is opened when a new `startTime`
 appears and closed when the next one appears, when the job is suspended (its cluster goes), or when
-the job ends. What an attempt reached comes from the workload's own progress (`status.progress`),
-frozen when it closes.
+the job ends. What an attempt reached comes from the workload's own progress (`status.progress`,
+taken only while it names the attempt's Ray cluster, so that the last report of one attempt is never
+the next one's), frozen when it closes.
+
+An attempt's last report can be lost with it: Ray Train registers a report's checkpoint (and writes
+its record of it to the storage) before it calls the callback that patches the status, so a driver
+killed between the two leaves a checkpoint no report named. The next attempt resumes from it and its
+driver reads Ray Train's record of that report back (`progress.recovered`): the attempt before gets
+it, said as recovered (`reportRecovered`). `checkpointEpoch` is the newest checkpoint an attempt left,
+from its reports and from the next attempt's resume; above `reachedEpoch`, a report was lost and not
+recovered, and the record shows it rather than papering it over.
 
 What an attempt held comes from its Ray pods' own times, not KubeRay's: each pod from its start on
 the node (`status.startTime`) to its containers' end, x the CPUs it requests and the GPUs it is
@@ -96,20 +105,35 @@ def accounted(
                 if reason in ATTEMPT_FAILED_REASONS:
                     # Failed; its cluster goes and the next attempt's comes: closed when that one starts.
                     last.update(outcome="Failed", reason=str(rayjob_status.get("reason") or reason))
-        _reached_at_least_the_next_resume(kept)
+        _checkpoints_left(kept, progress.get("recovered"))
     return _totals(current, kept, now, pods)
 
 
-def _reached_at_least_the_next_resume(kept: list[dict[str, Any]]) -> None:
-    """An ended attempt reached at least the epoch its successor resumed from: attempts run one after
-    the other and each resumes the latest checkpoint, so a checkpoint newer than what the attempt
-    before reported is its own. Its report of that epoch can be lost with it: a driver killed between
-    the checkpoint and the status patch (on real pods: attempt 2 on record as reaching epoch 5,
-    attempt 3 resumed from epoch 6)."""
+def _checkpoints_left(kept: list[dict[str, Any]], recovered: Any) -> None:
+    """Each ended attempt's checkpointEpoch, and a report it lost that the next attempt recovered.
+
+    Attempts run one after the other and each resumes the newest registered checkpoint, so one newer
+    than where an attempt itself resumed from is that attempt's own (on real pods, in the clean-clone
+    CI: attempt 2 last reported epoch 5, attempt 3 resumed from epoch 6). `recovered`: Ray Train's
+    record of the newest checkpoint's report, read back by the driver of the attempt on the Ray
+    cluster it names; it belongs to the attempt before that one when it is newer than anything on
+    record up to there."""
     for earlier, later in itertools.pairwise(kept):
         resumed = later.get("resumedFromEpoch")
-        if "endTime" in earlier and resumed is not None and resumed > (earlier.get("reachedEpoch") or 0):
-            earlier["reachedEpoch"] = resumed
+        if "endTime" in earlier and resumed is not None and resumed > (earlier.get("resumedFromEpoch") or 0):
+            earlier["checkpointEpoch"] = max(int(earlier.get("checkpointEpoch") or 0), int(resumed))
+    if not isinstance(recovered, Mapping) or not isinstance(recovered.get("epoch"), int):
+        return
+    epoch = recovered["epoch"]
+    for i, (earlier, later) in enumerate(itertools.pairwise(kept)):
+        if later.get("rayClusterName") != recovered.get("rayCluster") or "endTime" not in earlier:
+            continue
+        if later.get("resumedFromEpoch") not in (None, epoch):
+            continue  # the attempt that read it back resumed from another checkpoint: not its record
+        on_record = [a.get(k) or 0 for a in kept[: i + 1] for k in ("reachedEpoch", "resumedFromEpoch")]
+        if epoch > max(on_record):
+            earlier.update(reachedEpoch=epoch, reportRecovered=True)
+            earlier["checkpointEpoch"] = max(int(earlier.get("checkpointEpoch") or 0), epoch)
 
 
 def _totals(
@@ -293,11 +317,19 @@ def _settled(entry: Mapping[str, Any]) -> bool:
 
 
 def _progress(entry: dict[str, Any], progress: Mapping[str, Any]) -> None:
-    """What the workload reported of the attempt: the epoch it reached and the one it resumed from."""
-    if progress.get("epoch") is not None:
-        entry["reachedEpoch"] = progress["epoch"]
-    if progress.get("resumedFromEpoch") is not None:
-        entry["resumedFromEpoch"] = progress["resumedFromEpoch"]
+    """What the workload reported of the attempt: the epoch it reached, the one it resumed from and
+    the newest it checkpointed. A report that names another Ray cluster is another attempt's (the
+    last one before this attempt's own first report): not this one's."""
+    cluster = progress.get("rayCluster")
+    if cluster is not None and cluster != entry.get("rayClusterName"):
+        return
+    for field, key in (("reachedEpoch", "epoch"), ("resumedFromEpoch", "resumedFromEpoch")):
+        if progress.get(key) is not None:
+            entry[field] = progress[key]
+    # (progress is merge-patched: until this attempt checkpoints, it names the last one's checkpoint)
+    left = progress.get("checkpointEpoch")
+    if isinstance(left, int) and left > (entry.get("resumedFromEpoch") or 0):
+        entry["checkpointEpoch"] = left
 
 
 def _note_workers(entry: dict[str, Any], ready: int | None, now: datetime) -> None:

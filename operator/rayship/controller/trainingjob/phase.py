@@ -481,6 +481,7 @@ def announce(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Eve
                 f"attempt {a['attempt']} {str(a.get('outcome')).lower()} ({a.get('reason')}): {figures}",
             )
         )
+    events += _reports_lost_or_recovered(current, desired)
     first: Mapping[str, Any] = next(iter(desired.get("attempts") or []), {})
     for a in started:
         if a is first and a.get("attempt") == 1:
@@ -491,4 +492,29 @@ def announce(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Eve
     before, after = find(current, "SpecApplied"), find(desired, "SpecApplied")
     if after.get("status") == "False" and after.get("message") != before.get("message"):
         events.append(Event("Warning", str(after["reason"]), str(after["message"])))
+    return events
+
+
+def _reports_lost_or_recovered(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[Event]:
+    """An Event when an ended attempt's lost last report is recovered, or seen lost (a checkpoint
+    newer than its last report on record, which the next attempt resumed from): once each."""
+    was = {a.get("startTime"): a for a in current.get("attempts") or []}
+    events = []
+    for a in desired.get("attempts") or []:
+        before = was.get(a.get("startTime"), {})
+        n, reached, left = a.get("attempt"), a.get("reachedEpoch"), a.get("checkpointEpoch")
+        if a.get("reportRecovered") and not before.get("reportRecovered"):
+            events.append(Event("Normal", "ReportRecovered",
+                                f"attempt {n}'s report of epoch {reached} was lost as it ended (Ray Train "
+                                "registers a checkpoint before the report reaches the status); the next "
+                                "attempt read it back from Ray Train's record of that checkpoint"))  # fmt: skip
+        gap = isinstance(left, int) and left > (reached or 0)
+        had_gap = isinstance(before.get("checkpointEpoch"), int) and before["checkpointEpoch"] > (
+            before.get("reachedEpoch") or 0
+        )
+        if gap and not had_gap:
+            events.append(Event("Warning", "ReportLost",
+                                f"attempt {n} left a checkpoint of epoch {left} (the next attempt resumed "
+                                f"from it), but its last report on record is of epoch {reached}: the "
+                                f"report of epoch {left} was lost as the attempt ended"))  # fmt: skip
     return events
