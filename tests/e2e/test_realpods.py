@@ -374,6 +374,18 @@ def checked_attempts(
     assert second["reachedEpoch"] >= killed_after[1] >= second["resumedFromEpoch"] + 2, summary
     assert second["resumedFromEpoch"] < third["resumedFromEpoch"] <= second["reachedEpoch"], summary
     assert third["reachedEpoch"] == epochs_in_all, summary
+    # (reachedEpoch is what each attempt reported, never raised to the next one's resume: a report lost
+    # as its driver was killed, after Ray Train had registered its checkpoint, is read back by the next
+    # attempt, said as reportRecovered, with an Event)
+    left = [(a.get("checkpointEpoch"), a.get("reportRecovered")) for a in record]
+    assert [a["checkpointEpoch"] for a in record[:2]] == [second["resumedFromEpoch"], third["resumedFromEpoch"]], (
+        summary, left)  # fmt: skip
+    assert all(a["checkpointEpoch"] <= a["reachedEpoch"] for a in record), (summary, left)
+    recovered = {f"attempt {a['attempt']}'s report" for a in record if a.get("reportRecovered")}
+    said_recovered = {
+        m.split(" of epoch")[0] for _, reason, m in kube.events(KILLED) if reason == "ReportRecovered"
+    }
+    assert said_recovered == recovered, (said_recovered, left)
     assert [a["endTime"] for a in record[:2]] == [a["startTime"] for a in record[1:]], record
     # the driver's error, KubeRay's words (-9: killed); attempt 2's unless the operator's pass came
     # after KubeRay's short Retrying state had passed (a reconcile works from the state as it stands)
@@ -389,7 +401,7 @@ def checked_attempts(
                            "attempt 3 started on a new Ray cluster", "attempt 3 succeeded"]), said  # fmt: skip
     print(
         f"killed twice on real pods: killed after epochs {killed_after}; attempts (n, outcome, resumed "
-        f"from, reached) {summary}; CPU-seconds on record {status['cpuSeconds']:.1f} (per attempt "
+        f"from, reached) {summary}, (checkpoint, report recovered) {left}; CPU-seconds on record {status['cpuSeconds']:.1f} (per attempt "
         f"{[a['cpuSeconds'] for a in record]}), the pods' own {pods_cpu:.1f}; lastError {last_error}; "
         f"done in {time.monotonic() - t0:.0f}s"
     )

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import ray.train
+from ray.train.v2.api.callback import UserCallback
 
 from rayship_workloads import recipes
 
@@ -117,3 +120,34 @@ def hf_trainer(config: dict[str, Any]) -> None:
     trainer.add_callback(RayTrainReportCallback())
     trainer = prepare_trainer(trainer)
     trainer.train()
+
+
+class KillTheControllerAtEpoch(UserCallback):
+    """A Ray Train callback, given before rayship's own: at the report of `epoch` that carries a
+    checkpoint (Ray Train has registered it by then), it SIGKILLs the process it runs in, the run's
+    controller, as a driver killed at that moment takes its controller with it. Once (`marker`)."""
+
+    def __init__(self, epoch: int, marker: str) -> None:
+        self.epoch, self.marker = epoch, marker
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+        if (
+            checkpoint is not None
+            and metrics[0].get("epoch") == self.epoch
+            and not Path(self.marker).exists()
+        ):
+            Path(self.marker).write_text("killed")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class StatusPatchesToFile:
+    """Stands in for `kubernetes.client.CustomObjectsApi` in any process (the driver, a controller
+    actor): each status patch's body, one JSON line in `path`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def patch_namespaced_custom_object_status(self, *args: Any, body: Any = None, **_: Any) -> None:
+        body = body if body is not None else args[5]
+        with open(self.path, "a") as out:
+            out.write(json.dumps(body, allow_nan=False) + "\n")

@@ -116,6 +116,39 @@ def test_a_resumed_attempt_says_which_epoch_it_resumed_from(tmp_path, monkeypatc
     assert second["resumedFromEpoch"] == 3 and second["metrics"] == {"loss": 0.25}
 
 
+def test_a_checkpointed_report_reaches_the_status_first_naming_its_epoch_and_ray_cluster(
+    tmp_path, monkeypatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ray Train has registered a report's checkpoint before the callback runs: its status patch goes
+    out before the line is printed (the window in which a killed driver loses it, kept short), with
+    the checkpoint's epoch and the attempt's Ray cluster (the operator takes a report into the attempt
+    that ran on it only); a report without a checkpoint keeps the last one's epoch."""
+    monkeypatch.setenv("RAY_CLUSTER_NAME", "mlp-abcde")
+    monkeypatch.setattr(progress, "MIN_INTERVAL_S", 0.0)
+    status, recorder = recording_status()
+    printed_at_patch: list[str] = []
+    patch = recorder.patch_namespaced_custom_object_status
+
+    def patch_noting_the_terminal(*args: Any, **kw: Any) -> None:
+        printed_at_patch.append(capsys.readouterr().out)
+        patch(*args, **kw)
+
+    recorder.patch_namespaced_custom_object_status = patch_noting_the_terminal  # type: ignore[method-assign]
+    callback = progress.ProgressCallback(epochs=8, storage_root=str(tmp_path), echo=True)
+    callback.status = status
+
+    class Checkpoint:
+        path = str(tmp_path / "run" / "epoch-00002")
+
+    callback.after_report(None, [{"epoch": 2, "step": 20, "loss": 0.5}], Checkpoint())  # type: ignore[arg-type]
+    callback.after_report(None, [{"epoch": 3, "step": 30, "loss": 0.4}], None)
+    assert "[rayship] epoch" not in printed_at_patch[0], printed_at_patch
+    first, second = (b["status"]["progress"] for b in recorder.bodies)
+    assert (first["checkpointEpoch"], first["rayCluster"], first["lastCheckpoint"]) == (
+        2, "mlp-abcde", Checkpoint.path)  # fmt: skip
+    assert (second["epoch"], second["checkpointEpoch"]) == (3, 2)
+
+
 def test_a_record_says_where_training_stopped_early_and_keeps_an_own_loops_flags() -> None:
     """`stopped_early` (the built-in loops' report at the epoch earlyStopping ended) becomes the
     record's `stoppedEarly`, not a metric; an own loop's boolean metrics stay metrics (as 1.0/0.0),

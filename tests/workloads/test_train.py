@@ -151,6 +151,51 @@ def test_worker_failure_resumes_from_latest_checkpoint(ray_session, tmp_path: Pa
     assert outcome.metrics["resumed_from_epoch"] == 2  # restarted from epoch 2's checkpoint, not from scratch
 
 
+def test_a_report_lost_with_its_controller_is_read_back_by_the_next_attempt(
+    ray_session, tmp_path: Path, monkeypatch
+) -> None:
+    """Issue 59 §2, the lost report found: Ray Train registers a report's checkpoint before it calls
+    rayship's callback, so a controller killed between the two (a driver SIGKILLed takes its controller
+    with it) leaves a checkpoint of epoch 2 whose report never reached the history or the status. The
+    next attempt (a new fit on the same storage, as a RayJob retry's driver) reads Ray Train's record
+    of it back before it trains: the history gets the epoch-2 record it lacked, and the status patch
+    names it (`progress.recovered`, with this attempt's Ray cluster) for the operator; training resumes
+    from epoch 2 and the history has every epoch once."""
+    from tests.workloads.loops import KillTheControllerAtEpoch, StatusPatchesToFile
+
+    monkeypatch.setenv("RAY_CLUSTER_NAME", "c2")  # KubeRay sets it in every Ray container
+    tj = spec(tmp_path, **{"trainer.epochs": 3, "failurePolicy.maxWorkerFailures": 0})
+    root, metrics, patches = str(tmp_path / "store"), tmp_path / "metrics.json", tmp_path / "patches.jsonl"
+    run = train.run_name(tj)
+
+    def callback() -> progress.ProgressCallback:
+        made = progress.ProgressCallback(epochs=3, storage_root=root, metrics_path=str(metrics),
+                                         trainingjob="default/mlp-ddp", echo=False)  # fmt: skip
+        assert made.status is not None
+        made.status._api = StatusPatchesToFile(str(patches))
+        return made
+
+    killer = KillTheControllerAtEpoch(2, str(tmp_path / "killed"))
+    with pytest.raises(Exception) as died:  # noqa: PT011 (Ray's error for an actor that died)
+        train.train(tj, storage_root=root, callbacks=[killer, callback()])
+    assert (tmp_path / "killed").exists(), f"the controller was not killed: {died.value!r}"
+    # found: the checkpoint of epoch 2 is registered, its report is nowhere
+    assert progress.registered_report(root, run)["epoch"] == 2  # type: ignore[index]
+    assert [r["epoch"] for r in json.loads(metrics.read_text())] == [1]
+    said = [json.loads(line)["status"]["progress"] for line in patches.read_text().splitlines()]
+    assert [p.get("epoch") for p in said] == [1] and said[0]["rayCluster"] == "c2", said
+
+    patches.unlink()
+    outcome = train.train(tj, storage_root=root, callbacks=[killer, callback()])
+    history = json.loads(metrics.read_text())
+    assert [(r["epoch"], r.get("recovered")) for r in history] == [(1, None), (2, True), (3, None)], history
+    assert history[1]["checkpoint"].endswith("epoch-00002") and history[1]["metrics"]["loss"] > 0
+    first = json.loads(patches.read_text().splitlines()[0])["status"]["progress"]
+    assert first["recovered"]["epoch"] == 2 and first["recovered"]["rayCluster"] == "c2", first
+    assert first["recovered"]["metrics"] == history[1]["metrics"], (first, history[1])
+    assert outcome.metrics["resumed_from_epoch"] == 2 and outcome.metrics["epoch"] == 3
+
+
 def test_second_process_with_same_run_name_resumes_and_tracks_to_the_same_mlflow_run(
     ray_session, tmp_path: Path
 ) -> None:

@@ -5,6 +5,13 @@ metrics.json, and (inside the cluster) to the TrainingJob's `status.progress`.
 decides which of those it writes. Patching the TrainingJob is rate-limited and never fatal: a failed
 patch is logged and training goes on.
 
+A report can be lost as its attempt ends: Ray Train registers the report's checkpoint (and writes its
+record of it to the storage) before it calls this callback, so a driver killed between the two leaves
+a checkpoint that no report named (on real pods: attempt 2's last report said epoch 5, attempt 3
+resumed from epoch 6). Before each attempt trains, `ProgressCallback.recover` reads Ray Train's record
+of the newest checkpoint back (`registered_report`): the history gets the record it lacks, and the
+TrainingJob's `status.progress.recovered`, for the operator to give to the attempt before.
+
 A status patch never carries NaN or +-Inf (JSON has no such numbers and the API server rejects the
 whole patch, the model URI with it): `finite` drops them from every patch (`TrainingJobStatus.patch`),
 and each dropped field is said once in the log.
@@ -15,15 +22,19 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+import pyarrow.fs as pafs
 import ray.train
+from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
 from ray.train.v2.api.callback import UserCallback
 
 from rayship import api
+from rayship_workloads import storage
 
 STOPPED_EARLY = "stopped_early"  # in a loop's report of the epoch trainer.earlyStopping ended training at
 
@@ -75,6 +86,20 @@ def summarize(metrics: list[dict[str, Any]]) -> dict[str, Any]:
         record["resumedFromEpoch"] = int(first["resumed_from_epoch"])
     if first.get(STOPPED_EARLY) is True:  # trainer.earlyStopping ended training at this epoch
         record["stoppedEarly"] = True
+    return record
+
+
+def registered_report(storage_root: str, run: str) -> dict[str, Any] | None:
+    """Ray Train's own record of run `run`'s newest checkpoint and of the report that carried it (as
+    `summarize` makes a record, with the checkpoint's URI); None when the run has registered none."""
+    fs, path = storage.filesystem(storage.join(storage_root, run))
+    if fs.get_file_info(f"{path}/{CHECKPOINT_MANAGER_SNAPSHOT_FILENAME}").type == pafs.FileType.NotFound:
+        return None
+    result = ray.train.Result.from_path(path, storage_filesystem=fs)
+    if result.checkpoint is None or not result.metrics or int(result.metrics.get("epoch") or 0) < 1:
+        return None  # a loop that reports no epoch: nothing to put on record
+    record = summarize([result.metrics])
+    record["checkpoint"] = checkpoint_uri(result.checkpoint, storage_root)
     return record
 
 
@@ -187,6 +212,34 @@ class ProgressCallback(UserCallback):
         )
         self._last_patch = 0.0
         self._last_checkpoint: str | None = None
+        self._checkpoint_epoch: int | None = None
+        # The attempt's Ray cluster (KubeRay sets it in every Ray container): the operator takes a
+        # report into the attempt that ran on it only.
+        self._ray_cluster = os.environ.get("RAY_CLUSTER_NAME")
+
+    def recover(self, run: str) -> dict[str, Any] | None:
+        """Before an attempt trains (in the driver): Ray Train's record of the run's newest checkpoint
+        and its report (`registered_report`), put where the report should have gone. The history gets
+        it when it lacks that epoch (its report was lost: said once); the TrainingJob's
+        `status.progress.recovered` gets it, naming this attempt's Ray cluster, for the operator to
+        give to the attempt before. Returns it (None: the run has no checkpoint yet)."""
+        record = registered_report(self.storage_root, run)
+        if record is None:
+            return None
+        if self.metrics_path:
+            self.history = read_history(self.metrics_path)  # as the last attempt's controller left it
+            if not any(h.get("epoch") == record["epoch"] for h in self.history):
+                lost = {**record, "time": time.time(), "recovered": True}
+                self.history = sorted([*self.history, lost], key=lambda h: int(h.get("epoch") or 0))
+                write_history(self.metrics_path, self.history)
+                print(f"[rayship] epoch {record['epoch']}'s report was lost as the last attempt ended; read "
+                      "back from Ray Train's record of its checkpoint", flush=True)  # fmt: skip
+        if self.status is not None:
+            recovered = {k: record[k] for k in ("epoch", "step", "metrics", "checkpoint")}
+            if self._ray_cluster:
+                recovered["rayCluster"] = self._ray_cluster
+            self.status.patch({"progress": {"recovered": recovered}})
+        return record
 
     def after_report(
         self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: ray.train.Checkpoint | None
@@ -194,8 +247,25 @@ class ProgressCallback(UserCallback):
         record = summarize(metrics)
         if checkpoint is not None:
             self._last_checkpoint = checkpoint_uri(checkpoint, self.storage_root)
+            self._checkpoint_epoch = record["epoch"]
         record["checkpoint"] = self._last_checkpoint
         record["time"] = time.time()
+        # The status first: Ray Train has registered this checkpoint already, and the sooner its
+        # report is out, the smaller the window in which a killed driver loses it (see `recover`).
+        if self.status is not None:
+            due = time.monotonic() - self._last_patch >= MIN_INTERVAL_S
+            if due or checkpoint is not None or record["epoch"] >= self.epochs or "stoppedEarly" in record:
+                progress = {"epoch": record["epoch"], "step": record["step"], "metrics": record["metrics"]}
+                if self._last_checkpoint:
+                    progress["lastCheckpoint"] = self._last_checkpoint
+                    progress["checkpointEpoch"] = self._checkpoint_epoch
+                if self._ray_cluster:
+                    progress["rayCluster"] = self._ray_cluster
+                for key in ("resumedFromEpoch", "stoppedEarly"):
+                    if key in record:
+                        progress[key] = record[key]
+                if self.status.patch({"progress": progress}):
+                    self._last_patch = time.monotonic()
         # epochs redone after a resume replace the records of the attempt that did not keep them
         self.history = [h for h in self.history if h.get("epoch", 0) < record["epoch"]] + [record]
         if self.echo:
@@ -203,14 +273,3 @@ class ProgressCallback(UserCallback):
             print(f"[rayship] {epoch_line(record, self.epochs)}{saved}", flush=True)
         if self.metrics_path:
             write_history(self.metrics_path, self.history)
-        if self.status is not None:
-            due = time.monotonic() - self._last_patch >= MIN_INTERVAL_S
-            if due or checkpoint is not None or record["epoch"] >= self.epochs or "stoppedEarly" in record:
-                progress = {"epoch": record["epoch"], "step": record["step"], "metrics": record["metrics"]}
-                if self._last_checkpoint:
-                    progress["lastCheckpoint"] = self._last_checkpoint
-                for key in ("resumedFromEpoch", "stoppedEarly"):
-                    if key in record:
-                        progress[key] = record[key]
-                if self.status.patch({"progress": progress}):
-                    self._last_patch = time.monotonic()

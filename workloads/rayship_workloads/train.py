@@ -364,6 +364,9 @@ def fit(
             max_failures=0,  # the retries are here, where the failure can be judged and said
         )
         before = latest_checkpoint(storage_root, prepared.run_name)
+        for callback in callbacks:  # a report the last attempt lost as it ended, back on record
+            if isinstance(callback, progress.ProgressCallback):
+                callback.recover(prepared.run_name)
         try:
             with sigint_kept():
                 return trainer.fit(), prepared
