@@ -103,8 +103,8 @@ from controlplane.leftovers import leftovers
 from controlplane.network import (
     api_forward,
     ensure_netns,
-    is_mount_point,
     netns_exists,
+    note_netns_dir,
     release_netns_dir,
     remove_netns,
 )
@@ -325,8 +325,7 @@ def _prepare(paths: Paths, lap: Any) -> tuple[State, dict[str, Path]]:
     ensure_pki(paths)
     lap("certificates")
     netns_dir = Path(NETNS_DIR)
-    made_netns_dir = not netns_dir.exists()  # `ip netns add` makes it, and a mount of it, for good
-    made_netns_mount = not is_mount_point(netns_dir)
+    made_netns_dir, made_netns_mount = note_netns_dir(netns_dir)  # `ip netns add` makes them for good
     state = State(ports={name: free_port() for name in (
         "etcd-client", "etcd-peer", "apiserver", "kube-controller-manager", "kube-scheduler", "kuberay-metrics", "kuberay-probe",
     )})  # fmt: skip

@@ -245,11 +245,11 @@ def node_exec(*args: str, timeout: float = 900) -> str:
 # --- the network namespace ------------------------------------------------------------------------------
 def ensure_netns(state: dict) -> None:
     from controlplane.config import NETNS_DIR
-    from controlplane.network import is_mount_point, link_netns
+    from controlplane.network import link_netns, note_netns_dir
 
-    netns_dir = Path(NETNS_DIR)
-    state.setdefault("made_netns_dir", not netns_dir.exists())  # `ip netns add` makes it, and a mount
-    state.setdefault("made_netns_mount", not is_mount_point(netns_dir))
+    if "made_netns_dir" not in state:
+        made_dir, made_mount = note_netns_dir(Path(NETNS_DIR))  # `ip netns add` makes them for good
+        state.update(made_netns_dir=made_dir, made_netns_mount=made_mount)
     state["netns"] = True
     save_state(state)
     link_netns(NETNS, VETH_HOST, VETH_NS, HOST_IP, NS_IP)

@@ -3,6 +3,7 @@ forwarder (TCP, TLS passes through) the real node reaches the API server by."""
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -63,13 +64,34 @@ def is_mount_point(path: Path) -> bool:
     return str(path) in (line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines())
 
 
-def release_netns_dir(path: Path, *, made_dir: bool, made_mount: bool) -> list[str]:
+# The local cluster and the kind cluster run at once in `make test`, each with a namespace in
+# /run/netns: the first `up` made the folder's mount, the second found it, and the first `down` finds
+# the second's namespace in it. What an `up` made is written here too, so that whichever `down` leaves
+# the folder empty undoes it (a clean-clone CI run left `mount /run/netns` behind without it).
+NETNS_MADE_MARK = Path("/run/rayship-netns-made")
+
+
+def note_netns_dir(path: Path, *, mark: Path = NETNS_MADE_MARK) -> tuple[bool, bool]:
+    """Before `ip netns add`: (whether `path` is absent, whether it is not a mount point): what the
+    namespace will make there; said in `mark` for every `down` when it is anything."""
+    made_dir, made_mount = not path.exists(), not is_mount_point(path)
+    if (made_dir or made_mount) and not mark.exists():
+        mark.write_text(json.dumps({"dir": made_dir, "mount": made_mount}))
+    return made_dir, made_mount
+
+
+def release_netns_dir(
+    path: Path, *, made_dir: bool, made_mount: bool, mark: Path = NETNS_MADE_MARK
+) -> list[str]:
     """Undo what `ip netns add` made at `path` (its folder, the bind mount of it it keeps for good) for
-    `up`, once no network namespace is left in it. Returns what could not be undone, with the reason.
-    A machine whose folder was there but not mounted got the mount from `up`: it goes too (a CI run
-    saw `mount /run/netns` left behind so)."""
+    an `up` (this one's, or the other cluster's, as `mark` says), once no network namespace is left in
+    it. Returns what could not be undone, with the reason. A machine whose folder was there but not
+    mounted got the mount from `up`: it goes too (a CI run saw `mount /run/netns` left behind so)."""
     if not path.is_dir() or any(path.iterdir()):
         return []
+    if mark.exists():
+        noted = json.loads(mark.read_text())
+        made_dir, made_mount = made_dir or bool(noted.get("dir")), made_mount or bool(noted.get("mount"))
     problems = []
     while made_mount and is_mount_point(path):  # stacked mounts, one per umount
         done = run_command(["umount", str(path)], check=False)
@@ -81,6 +103,8 @@ def release_netns_dir(path: Path, *, made_dir: bool, made_mount: bool) -> list[s
             path.rmdir()
         except OSError as err:
             problems.append(f"rmdir {path}: {err}")
+    if not problems:
+        mark.unlink(missing_ok=True)
     return problems
 
 

@@ -57,3 +57,26 @@ def test_a_folder_with_someone_elses_namespace_is_left_as_it_is(folder: Path) ->
     (folder / "theirs").touch()
     assert release_netns_dir(folder, made_dir=True, made_mount=True) == []
     assert is_mount_point(folder) and (folder / "theirs").exists()
+
+
+def test_two_clusters_at_once_the_last_down_undoes_what_the_first_up_made(
+    folder: Path, tmp_path: Path
+) -> None:
+    """`make test` runs the local cluster and the kind cluster at once: the first `up` makes the mount,
+    the second finds it (nothing of its own to undo), the first `down` finds the second's namespace in
+    the folder; the second `down`, leaving it empty, undoes the first's mount (the clean-clone CI of
+    90f9171's parent left `mount /run/netns` so), and the note of it goes."""
+    from controlplane.network import note_netns_dir
+
+    mark = tmp_path / "made"
+    folder.mkdir()
+    first = note_netns_dir(folder, mark=mark)
+    _bind_onto_itself(folder)  # what the first `ip netns add` does
+    second = note_netns_dir(folder, mark=mark)
+    assert first == (False, True) and second == (False, False) and mark.exists()
+    (folder / "kind").touch()  # the second cluster's namespace
+    assert release_netns_dir(folder, made_dir=first[0], made_mount=first[1], mark=mark) == []
+    assert is_mount_point(folder) and mark.exists()  # not while another namespace is in it
+    (folder / "kind").unlink()
+    assert release_netns_dir(folder, made_dir=second[0], made_mount=second[1], mark=mark) == []
+    assert not is_mount_point(folder) and folder.is_dir() and not mark.exists()
