@@ -71,24 +71,24 @@ def is_mount_point(path: Path) -> bool:
 NETNS_MADE_MARK = Path("/run/rayship-netns-made")
 
 
-def note_netns_dir(path: Path, *, mark: Path = NETNS_MADE_MARK) -> tuple[bool, bool]:
+def note_netns_dir(path: Path, *, mark: Path | None = None) -> tuple[bool, bool]:
     """Before `ip netns add`: (whether `path` is absent, whether it is not a mount point): what the
-    namespace will make there; said in `mark` for every `down` when it is anything."""
+    namespace will make there; said in `mark` (NETNS_MADE_MARK) for every `down` when it is anything."""
+    mark = mark or NETNS_MADE_MARK
     made_dir, made_mount = not path.exists(), not is_mount_point(path)
     if (made_dir or made_mount) and not mark.exists():
         mark.write_text(json.dumps({"dir": made_dir, "mount": made_mount}))
     return made_dir, made_mount
 
 
-def release_netns_dir(
-    path: Path, *, made_dir: bool, made_mount: bool, mark: Path = NETNS_MADE_MARK
-) -> list[str]:
+def release_netns_dir(path: Path, *, made_dir: bool, made_mount: bool, mark: Path | None = None) -> list[str]:
     """Undo what `ip netns add` made at `path` (its folder, the bind mount of it it keeps for good) for
     an `up` (this one's, or the other cluster's, as `mark` says), once no network namespace is left in
     it. Returns what could not be undone, with the reason. A machine whose folder was there but not
     mounted got the mount from `up`: it goes too (a CI run saw `mount /run/netns` left behind so)."""
     if not path.is_dir() or any(path.iterdir()):
         return []
+    mark = mark or NETNS_MADE_MARK
     if mark.exists():
         noted = json.loads(mark.read_text())
         made_dir, made_mount = made_dir or bool(noted.get("dir")), made_mount or bool(noted.get("mount"))

@@ -220,7 +220,8 @@ class ProgressCallback(UserCallback):
     def recover(self, run: str) -> dict[str, Any] | None:
         """Before an attempt trains (in the driver): Ray Train's record of the run's newest checkpoint
         and its report (`registered_report`), put where the report should have gone. The history gets
-        it when it lacks that epoch (its report was lost: said once); the TrainingJob's
+        it when it stops short of that epoch (its report was lost: said once; a new history, empty,
+        is not this run's); the TrainingJob's
         `status.progress.recovered` gets it, naming this attempt's Ray cluster, for the operator to
         give to the attempt before. Returns it (None: the run has no checkpoint yet)."""
         record = registered_report(self.storage_root, run)
@@ -228,7 +229,8 @@ class ProgressCallback(UserCallback):
             return None
         if self.metrics_path:
             self.history = read_history(self.metrics_path)  # as the last attempt's controller left it
-            if not any(h.get("epoch") == record["epoch"] for h in self.history):
+            # lost: this history is the run's (an earlier epoch is in it) and stops short of the record
+            if self.history and max(int(h.get("epoch") or 0) for h in self.history) < record["epoch"]:
                 lost = {**record, "time": time.time(), "recovered": True}
                 self.history = sorted([*self.history, lost], key=lambda h: int(h.get("epoch") or 0))
                 write_history(self.metrics_path, self.history)
