@@ -149,6 +149,24 @@ def test_a_checkpointed_report_reaches_the_status_first_naming_its_epoch_and_ray
     assert (second["epoch"], second["checkpointEpoch"]) == (3, 2)
 
 
+def test_the_callback_goes_to_ray_trains_controller_after_the_driver_patched_the_status() -> None:
+    """The driver patches the status before training (`ProgressCallback.recover`), which makes the
+    Kubernetes client (locks: not picklable); the callback is then pickled for Ray Train's controller.
+    It pickles without the client, and the copy makes its own (the clean-clone CI of bb2076a: every
+    resumed attempt on real pods failed 'FailTuple(get_run_config ...)' before training)."""
+    import kubernetes
+    import ray.cloudpickle
+
+    callback = progress.ProgressCallback(
+        epochs=2, storage_root="/tmp", trainingjob="team-a/run-1", echo=False
+    )
+    assert callback.status is not None
+    callback.status._api = kubernetes.client.CustomObjectsApi()  # as a patch in the driver leaves it
+    copy = ray.cloudpickle.loads(ray.cloudpickle.dumps(callback))
+    assert copy.status._api is None and (copy.status.namespace, copy.status.name) == ("team-a", "run-1")
+    assert callback.status._api is not None  # the driver keeps its own
+
+
 def test_a_record_says_where_training_stopped_early_and_keeps_an_own_loops_flags() -> None:
     """`stopped_early` (the built-in loops' report at the epoch earlyStopping ended) becomes the
     record's `stoppedEarly`, not a metric; an own loop's boolean metrics stay metrics (as 1.0/0.0),

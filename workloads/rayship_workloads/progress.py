@@ -152,6 +152,11 @@ class TrainingJobStatus:
         self.namespace, _, self.name = ref.rpartition("/")
         self._api: Any = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the client: it holds locks (not picklable), and the driver's, made by a patch before
+        training, goes to Ray Train's controller with the callback (each process makes its own)."""
+        return {**self.__dict__, "_api": None}
+
     def patch(self, status: dict[str, Any]) -> bool:
         """Merge-patch `status` (non-finite numbers left out, see `finite`); False if it failed."""
         status, dropped = finite(status)
