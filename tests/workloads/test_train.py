@@ -6,6 +6,7 @@ Each test is a real multi-worker TorchTrainer run (~20-30 s each on 2 cores).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -172,7 +173,7 @@ def test_a_report_lost_with_its_controller_is_read_back_by_the_next_attempt(
         made = progress.ProgressCallback(epochs=3, storage_root=root, metrics_path=str(metrics),
                                          trainingjob="default/mlp-ddp", echo=False)  # fmt: skip
         assert made.status is not None
-        made.status._api = StatusPatchesToFile(str(patches))
+        made.status.make_api = functools.partial(StatusPatchesToFile, str(patches))  # in each process
         return made
 
     killer = KillTheControllerAtEpoch(2, str(tmp_path / "killed"))

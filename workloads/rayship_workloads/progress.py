@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -148,8 +149,10 @@ PATCH_TIMEOUT = (5.0, 15.0)
 class TrainingJobStatus:
     """Merge-patches `status` of one TrainingJob from inside the cluster (service account token)."""
 
-    def __init__(self, ref: str):
+    def __init__(self, ref: str, make_api: Callable[[], Any] | None = None):
+        """`make_api`: what makes the client in each process (default: the in-cluster one)."""
         self.namespace, _, self.name = ref.rpartition("/")
+        self.make_api = make_api
         self._api: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -174,7 +177,9 @@ class TrainingJobStatus:
         from urllib3.exceptions import HTTPError
 
         try:
-            if self._api is None:
+            if self._api is None and self.make_api is not None:
+                self._api = self.make_api()
+            elif self._api is None:
                 kubernetes.config.load_incluster_config()
                 self._api = kubernetes.client.CustomObjectsApi()
             group, version, plural = api.TRAININGJOBS
