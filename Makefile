@@ -125,14 +125,12 @@ docs-deps: ## install the headless browser the docs site's test uses (bookworm's
 TIERS_WITHOUT_RAY := tests/unit tests/chart tests/docs tests/controlplane tests/operator
 TIERS_WITH_RAY := tests/workloads
 TIERS_AFTER := tests/e2e --ignore=tests/e2e/test_kind.py
-# The kind tier. Its cluster starts beside the Ray tier too, after the local one (kind-up is ~2.5 min
-# of image import and kubeadm; started after the end-to-end tier it was 144 s of the kind tier's 354 s
-# in the clean-clone CI of c0acf0a), and its tests run beside the end-to-end tier: both mostly wait on
-# pods (the e2e tier kept the 2 cores ~60% busy in the clean-clone CI of 9b217d7, the kind tests
-# 11-23%), one after the other they were 27 + 6 min. `make test` takes down what it started. Where
-# none is up, the tier's fixture brings one up and down itself (RAYSHIP_KIND=1; CI=true does too).
+# The kind tier last, once the local cluster is down. Its cluster starts beside the Ray tier too, after
+# the local one (kind-up is ~2.5 min of image import and kubeadm, which the end of the Ray tier shares;
+# started after the end-to-end tier it was 144 s of the kind tier's 354 s), and idles through the
+# end-to-end tier; `make test` takes down what it started. Where none is up, the tier's fixture brings
+# one up and down itself (RAYSHIP_KIND=1; under CI=true it would anyway).
 TIER_KIND := tests/e2e/test_kind.py
-KIND_BESIDE = RAYSHIP_KIND=1 $(PYTEST) -q --durations=10 $(TIER_KIND); echo $$? > $(VENV)/tier-kind.rc
 
 # Each tier's output is also kept in .venv/tier-*.log; the last lines repeat every tier's failures
 # (pytest's FAILED/ERROR lines), so that the end of a long CI log says which test failed. What runs
@@ -153,7 +151,7 @@ builds: setup node-deps image-deps ## the control plane's binaries (then the kin
 	exit $$(( go || built ))
 
 test: builds docs docs-deps ## the whole suite (every tier; what CI runs)
-	@rm -f $(VENV)/tier-without-ray.rc $(VENV)/tier-kind.rc $(VENV)/cluster-started-by-make-test $(VENV)/kind-started-by-make-test; \
+	@rm -f $(VENV)/tier-without-ray.rc $(VENV)/cluster-started-by-make-test $(VENV)/kind-started-by-make-test; \
 	stop_ours() { [ ! -f $(VENV)/cluster-started-by-make-test ] || $(BIN)/python controlplane/cluster.py down --check; }; \
 	stop_kind() { [ ! -f $(VENV)/kind-started-by-make-test ] || $(BIN)/python controlplane/kindcluster.py down --check; }; \
 	echo "--- $(TIERS_WITHOUT_RAY), then the clusters (beside the Ray tier; their output follows it)"; \
@@ -163,13 +161,11 @@ test: builds docs docs-deps ## the whole suite (every tier; what CI runs)
 	$(PYTEST) -q --durations=25 $(TIERS_WITH_RAY) 2>&1 | tee $(VENV)/tier-with-ray.log; ray=$${PIPESTATUS[0]}; \
 	wait $$beside; without=$$(cat $(VENV)/tier-without-ray.rc 2>/dev/null || echo 1); \
 	echo "--- $(TIERS_WITHOUT_RAY)"; cat $(VENV)/tier-without-ray.log; cat $(VENV)/beside-ray.log; \
-	echo "--- $(TIERS_AFTER), and $(TIER_KIND) beside it (its output follows)"; \
-	setsid bash -c '$(KIND_BESIDE)' > $(VENV)/tier-kind.log 2>&1 & kindtier=$$!; \
-	trap 'kill -- -$$kindtier 2>/dev/null; wait $$kindtier; stop_ours; stop_kind' EXIT; \
+	echo "--- $(TIERS_AFTER)"; \
 	$(PYTEST) -q --durations=10 $(TIERS_AFTER) 2>&1 | tee $(VENV)/tier-after.log; after=$${PIPESTATUS[0]}; \
-	wait $$kindtier; kind=$$(cat $(VENV)/tier-kind.rc 2>/dev/null || echo 1); \
 	trap stop_kind EXIT; stop_ours; down=$$?; \
-	echo "--- $(TIER_KIND)"; cat $(VENV)/tier-kind.log; \
+	echo "--- $(TIER_KIND)"; \
+	RAYSHIP_KIND=1 $(PYTEST) -q --durations=10 $(TIER_KIND) 2>&1 | tee $(VENV)/tier-kind.log; kind=$${PIPESTATUS[0]}; \
 	trap - EXIT; stop_kind; kinddown=$$?; \
 	echo "--- exit codes: $(TIERS_WITH_RAY) $$ray, the tiers without Ray $$without, $(TIERS_AFTER) $$after, cluster down $$down, kind $$kind, kind down $$kinddown"; \
 	grep -hE '^(FAILED|ERROR) ' $(VENV)/tier-with-ray.log $(VENV)/tier-without-ray.log $(VENV)/tier-after.log $(VENV)/tier-kind.log; \
