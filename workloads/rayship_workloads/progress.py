@@ -146,6 +146,14 @@ def epoch_line(record: dict[str, Any], epochs: int) -> str:
 PATCH_TIMEOUT = (5.0, 15.0)
 
 
+def _in_cluster_api() -> Any:
+    """The Kubernetes client of a pod (its service account token)."""
+    import kubernetes
+
+    kubernetes.config.load_incluster_config()
+    return kubernetes.client.CustomObjectsApi()
+
+
 class TrainingJobStatus:
     """Merge-patches `status` of one TrainingJob from inside the cluster (service account token)."""
 
@@ -177,11 +185,8 @@ class TrainingJobStatus:
         from urllib3.exceptions import HTTPError
 
         try:
-            if self._api is None and self.make_api is not None:
-                self._api = self.make_api()
-            elif self._api is None:
-                kubernetes.config.load_incluster_config()
-                self._api = kubernetes.client.CustomObjectsApi()
+            if self._api is None:
+                self._api = (self.make_api or _in_cluster_api)()
             group, version, plural = api.TRAININGJOBS
             self._api.patch_namespaced_custom_object_status(
                 group, version, self.namespace, plural, self.name, {"status": status},
@@ -231,9 +236,9 @@ class ProgressCallback(UserCallback):
         """Before an attempt trains (in the driver): Ray Train's record of the run's newest checkpoint
         and its report (`registered_report`), put where the report should have gone. The history gets
         it when it stops short of that epoch (its report was lost: said once; a new history, empty,
-        is not this run's); the TrainingJob's
-        `status.progress.recovered` gets it, naming this attempt's Ray cluster, for the operator to
-        give to the attempt before. Returns it (None: the run has no checkpoint yet)."""
+        is not this run's); the TrainingJob's `status.progress.recovered` gets it, naming this
+        attempt's Ray cluster, for the operator to give to the attempt before. Returns it (None: the
+        run has no checkpoint yet)."""
         record = registered_report(self.storage_root, run)
         if record is None:
             return None
