@@ -160,6 +160,9 @@ class PodTimes:
 
     def _see(self, kind: str, pod: Any) -> None:
         seen = self.pods.setdefault(pod.metadata.uid, {"name": pod.metadata.name})
+        seen["type"] = (pod.metadata.labels or {}).get("ray.io/node-type")
+        if pod.metadata.deletion_timestamp:
+            seen.setdefault("deleted", pod.metadata.deletion_timestamp)
         seen["cpus"] = sum(
             float(kubernetes.utils.parse_quantity((c.resources.requests or {}).get("cpu", "0")))
             for c in pod.spec.containers
@@ -179,6 +182,11 @@ class PodTimes:
         running = [p for p in self.pods.values() if "start" in p]
         assert all("end" in p for p in running), f"pods not ended: {running}"
         return sum(p["cpus"] * (p["end"] - p["start"]).total_seconds() for p in running)
+
+    def heads_gone(self) -> dict[str, float]:
+        """Each deleted head pod's seconds from its deletion to its containers' end (kubelet's times)."""
+        return {p["name"]: (p["end"] - p["deleted"]).total_seconds() for p in self.pods.values()
+                if p["type"] == "head" and "deleted" in p and "end" in p}  # fmt: skip
 
     def table(self) -> str:
         """Each pod's figures (for a failure's message): name, CPUs, start, end."""
@@ -292,6 +300,11 @@ def test_a_job_killed_twice_shows_three_attempts_resumed_and_its_pods_cpu_time(
             assert kube.status(TJ, KILLED)["checkpoint"]["model"] == f"{run}/model"
             wait_for(lambda: not kube.pods(f"{names.owner_label('TrainingJob')}={KILLED},ray.io/node-type"), 180,
                      what="every Ray cluster of the job deleted")  # fmt: skip
+            # Each head ended at once when its cluster was deleted. Ray drains a node on SIGTERM until it
+            # is idle, and a job's head never is: before head_drain_env each head went at the kill, 30 s
+            # (its grace period) after its deletion, holding the node's CPUs and memory meanwhile.
+            heads = pods.heads_gone()
+            assert len(heads) == 3 and max(heads.values()) < 10, (heads, pods.table())
             # Its logs, from the bucket, with this machine's credentials: each attempt's driver, a rank's own
             for attempt, said in (
                 (1, "rank 0 of 1 on"),

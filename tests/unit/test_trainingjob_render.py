@@ -163,6 +163,8 @@ def test_rays_drain_on_sigterm_ends_before_the_kubelets_kill(grace: int | None, 
     assert env["RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"] == "1"
     head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert {"name": "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "value": "1"} in head["env"]
+    # the head drains nothing (its supervisor and Ray Train's controller stay to the end): it goes at once
+    assert {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": "0"} in head["env"]
 
 
 def test_gpu_product_selects_nodes_and_extra_placement_is_kept() -> None:

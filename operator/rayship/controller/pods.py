@@ -97,6 +97,17 @@ def drain_env(grace_seconds: int) -> dict[str, str]:
     return {"name": names.ENV_RAY_DRAIN_TIMEOUT, "value": f"{drain:g}"}
 
 
+def head_drain_env() -> dict[str, str]:
+    """No drain on the head's SIGTERM. Ray drains a node on SIGTERM until it is idle (default up to
+    30 s), and a head never is: the job's supervisor and Ray Train's controller, or Serve's controller,
+    live there to the end. So every finished job's head held its pod, and the node's CPUs and memory,
+    for the whole grace period (37 s from Succeeded to the head pod gone on real-0, the workers 1.5 s).
+    The head's end is its cluster's end: there is nothing to hand over. (A TrainingJob's head only: in a
+    ModelService's cluster config it would start a new cluster for every service at an operator
+    upgrade.)"""
+    return {"name": names.ENV_RAY_DRAIN_TIMEOUT, "value": "0"}
+
+
 def preemption_poll_env() -> dict[str, str]:
     """Ray Train looks for drains every second (default 5 s): a short notice is seen within it."""
     return {"name": names.ENV_RAY_TRAIN_PREEMPTION_POLL, "value": "1"}

@@ -222,7 +222,7 @@ def _pod_templates(
     grace = workers.termination_grace_period_seconds
     worker["spec"]["terminationGracePeriodSeconds"] = grace
     worker["spec"]["containers"][0]["env"] += [pods.drain_env(grace), pods.preemption_poll_env()]
-    head["spec"]["containers"][0]["env"].append(pods.preemption_poll_env())
+    head["spec"]["containers"][0]["env"] += [pods.preemption_poll_env(), pods.head_drain_env()]
     return head, worker
 
 
