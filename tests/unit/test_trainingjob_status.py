@@ -459,6 +459,31 @@ def test_last_error_names_a_crashing_container_then_a_failed_attempts_driver_err
     assert failed["lastError"]["message"] == "only words"  # nothing looks like an error: the last line
 
 
+def test_a_failed_attempt_whose_retrying_state_passed_unseen_is_still_the_last_error() -> None:
+    """KubeRay says a failed attempt's error only while Retrying; a reconcile that comes once the next
+    attempt started finds the failure in the attempts: lastError names that attempt and where its error
+    is (its driver's log), instead of nothing (the e2e run of 164d6f6: `KeyError: 'lastError'`).
+    Said once; an error read later (a newer attempt's, KubeRay's words) replaces it."""
+    first = derive(obs(rayjob("Running", "RUNNING", startTime=rfc(NOW))), NOW)
+    assert "lastError" not in first
+    later = NOW + timedelta(seconds=60)
+    second = rayjob("Running", "RUNNING", startTime=rfc(later), failed=1)  # no Retrying seen in between
+    st = derive(obs(second, current=first), later)
+    assert [(a["attempt"], a.get("outcome")) for a in st["attempts"]] == [(1, "Failed"), (2, None)]
+    assert st["lastError"] == {
+        "message": "attempt 1 failed; KubeRay retried it before its error was read (it says it only while "
+        "retrying): its driver's log has it, `rayship logs --attempt 1` on this TrainingJob",
+        "source": "driver",
+        "attempt": 1,
+        "time": rfc(later),
+    }
+    again = derive(obs(second, current=st), later + timedelta(seconds=30))
+    assert again["lastError"] == st["lastError"]  # kept, time included: nothing to write
+    retrying = rayjob("Retrying", "FAILED", startTime=rfc(later), failed=2, message="RuntimeError: boom\n")
+    words = derive(obs(retrying, current=again), later + timedelta(seconds=40))["lastError"]
+    assert (words["attempt"], words["message"]) == (2, "RuntimeError: boom")
+
+
 def test_a_job_killed_twice_has_three_attempts_on_record_whose_figures_add_up_to_the_totals() -> None:
     """status.attempts from what the operator sees, pass by pass: KubeRay's startTime changing at each
     attempt, its failure count, the workload's progress, each attempt's Ray pods (which start after it

@@ -4,7 +4,7 @@ fields are returned: `progress`, `checkpoint` and `tuning` belong to the workloa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -239,7 +239,9 @@ def derive(obs: Observation, now: datetime) -> dict[str, Any]:
     status: dict[str, Any] = {"phase": phase, "observedGeneration": obs.generation, "conditions": conditions}
     status.update(_rayjob_fields(obs, rayjob_status, phase, reason, now))
     if (
-        last := last_error(obs, rayjob_status, phase, (reason, message), status.get("attempt"), now)
+        last := last_error(
+            obs, rayjob_status, phase, (reason, message), status.get("attempt"), now, status.get("attempts")
+        )
     ) is not None:
         status["lastError"] = last
     return status
@@ -256,11 +258,13 @@ def last_error(
     said: tuple[str, str],
     attempt: int | None,
     now: datetime,
+    attempts: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any] | None:
     """status.lastError: a crashing Ray container (from its pod), or a failed attempt's driver error
     (KubeRay's message: the Ray job's log tail), or a missed startup deadline (what the job was stuck
-    on); else what the stored status said. `said`: the status's (reason, message). The same error
-    seen again keeps its entry (and time): a status written only when it changed."""
+    on), or a failed attempt whose error passed unread; else what the stored status said. `said`: the
+    status's (reason, message); `attempts`: status.attempts as now derived. The same error seen again
+    keeps its entry (and time): a status written only when it changed."""
     reason, message = said
     stored = obs.current.get("lastError")
     found: tuple[str, str] | None = None
@@ -272,6 +276,8 @@ def last_error(
         found = "driver", error_line(str(rayjob_status["message"]))
         if reason == "Retrying" and attempt:  # KubeRay counted the failure: `attempt` is the next one
             attempt = max(1, attempt - 1)
+    elif (unread := _failed_unread(attempts or (), stored)) is not None:
+        found, attempt = ("driver", unread[1]), unread[0]
     if found is None:
         return dict(stored) if isinstance(stored, Mapping) else None
     source, message = found[0], truncate(found[1], 1024)
@@ -283,6 +289,23 @@ def last_error(
     if attempt is not None:
         entry["attempt"] = attempt
     return entry
+
+
+def _failed_unread(attempts: Sequence[Mapping[str, Any]], stored: Any) -> tuple[int, str] | None:
+    """(attempt, message) for the newest failed attempt newer than the stored lastError's, if any:
+    KubeRay says a failed attempt's error only in its short Retrying state, then starts the next on a
+    new cluster; a reconcile that came after it finds the failure in the attempts, not its words."""
+    noted = stored.get("attempt") if isinstance(stored, Mapping) else None
+    failed = [
+        a["attempt"] for a in attempts if a.get("outcome") == "Failed" and isinstance(a.get("attempt"), int)
+    ]
+    newest = max(failed, default=None)
+    if newest is None or (isinstance(noted, int) and noted >= newest):
+        return None
+    return newest, (
+        f"attempt {newest} failed; KubeRay retried it before its error was read (it says it only while "
+        f"retrying): its driver's log has it, `rayship logs --attempt {newest}` on this TrainingJob"
+    )
 
 
 def _lost(obs: Observation) -> tuple[str, str, str]:
