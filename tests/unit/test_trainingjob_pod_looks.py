@@ -39,6 +39,8 @@ def test_the_pods_are_looked_at_when_an_attempt_starts_now_and_then_and_until_an
     settled = derive(obs(done, current=ended, ray_pods=()), due + timedelta(seconds=5))
     assert trainingjob.ray_pods({**TJ, "status": settled}, done, due + timedelta(hours=1)) is None
     assert trainingjob.look_again_in({**TJ, "status": settled}, done, due + timedelta(hours=1)) is None
+    assert trainingjob.pods_going({**TJ, "status": ended}, done, due)
+    assert not trainingjob.pods_going({**TJ, "status": settled}, done, due + timedelta(hours=1))
     assert settled["cpuSeconds"] == 0.5 * POD_LOOK_SECONDS
 
 
@@ -52,6 +54,7 @@ def test_a_finished_jobs_pods_are_looked_at_when_kuberay_is_due_to_delete_them()
     done = rayjob("Complete", "SUCCEEDED", startTime=rfc(NOW), endTime=rfc(end), rayClusterName="c1")
     lingering = {**TJ, "status": derive(obs(done, current=st, ray_pods=(ray_pod("h", "c1", NOW),)), end)}
     assert trainingjob.look_again_in(lingering, with_ttl(done, 5), end) == 5
+    assert not trainingjob.pods_going(lingering, with_ttl(done, 5), end)  # KubeRay deletes them in 5 s
     assert trainingjob.look_again_in(lingering, with_ttl(done, 5), end + timedelta(seconds=2)) == 3
     assert trainingjob.look_again_in(lingering, with_ttl(done, 600), end) == POD_LOOK_SECONDS
     assert trainingjob.look_again_in(lingering, with_ttl(done, 600), end + timedelta(seconds=590)) == 10
@@ -74,6 +77,12 @@ def test_a_failing_attempt_is_looked_at_as_it_fails_and_soon_after_until_the_nex
     retrying = with_ttl(rayjob("Retrying", "FAILED", startTime=rfc(NOW), rayClusterName="c1"), 600)
     # seen as it failed: not at every pass of the Retrying state (the soon looks are the recheck's)
     assert trainingjob.ray_pods({**TJ, "status": failed}, retrying, soon + timedelta(seconds=1)) is None
+    # its pods go within seconds of KubeRay's delete while the next attempt's cluster starts: the
+    # recheck looks closely then (GOING_LOOK_SECONDS), not at the starting pods' pace
+    starting = rayjob("Initializing", startTime=rfc(soon), rayClusterName="c2", failed=1)
+    assert trainingjob.starting_pods(starting) is not None
+    assert trainingjob.pods_going({**TJ, "status": failed}, starting, soon + timedelta(seconds=2))
+    assert not trainingjob.pods_going({**TJ, "status": st}, running, soon)  # nothing ended: not going
 
 
 def test_a_change_of_the_ready_worker_count_is_looked_at() -> None:

@@ -29,6 +29,10 @@ log = logging.getLogger("rayship")
 # A starting job is looked at again (`recheck_in`) at most this often a second, over all jobs: the
 # operator watches no pods, so each look is a LIST of the job's pods.
 STARTING_LOOKS_PER_SECOND = 20
+# An ended attempt's pods, once KubeRay deletes its cluster, go within ~2 s (their Ray exits on SIGTERM):
+# one gone between two looks is counted to the middle of the gap, so the looks that see them go are
+# this close (at starting_seconds' 15 s, the job's CPU-seconds ran 5% over the pods' own times).
+GOING_LOOK_SECONDS = 2.0
 
 TRAINING = Controller(
     kind=api.TRAINING_JOB.kind,
@@ -104,10 +108,14 @@ def recheck_in(process: OperatorProcess, seen: Seen | None) -> float | None:
     own write show). The operator watches RayJobs, not pods, and KubeRay updates a RayJob only when its
     cluster's state changes: a worker that cannot pull its image, or is OOMKilled over and over, changes
     none. Without another look, the status said so only at the resync (two minutes), after about five
-    restarts. Spread out by STARTING_LOOKS_PER_SECOND."""
-    if seen is None or (wait := trainingjob.look_again_in(seen.obj, seen.child, datetime.now(UTC))) is None:
+    restarts. Spread out by STARTING_LOOKS_PER_SECOND; pods going away looked at every
+    GOING_LOOK_SECONDS."""
+    now = datetime.now(UTC)
+    if seen is None or (wait := trainingjob.look_again_in(seen.obj, seen.child, now)) is None:
         return None
-    return max(wait, process.config.starting_seconds, len(process.trainingjobs) / STARTING_LOOKS_PER_SECOND)
+    going = trainingjob.pods_going(seen.obj, seen.child, now)
+    floor = GOING_LOOK_SECONDS if going else process.config.starting_seconds
+    return max(wait, floor, len(process.trainingjobs) / STARTING_LOOKS_PER_SECOND)
 
 
 def _keep_kopf_views(

@@ -429,8 +429,18 @@ def look_again_in(
     ttlSecondsAfterFinished: when KubeRay deletes a finished job's cluster)."""
     if starting_pods(rayjob) is not None or (rayjob is None and waits_for_claim(trainingjob)):
         return 0.0
-    ttl = ((rayjob or {}).get("spec") or {}).get("ttlSecondsAfterFinished") or 0
-    return settling(trainingjob.get("status") or {}, now, float(ttl))
+    return settling(trainingjob.get("status") or {}, now, _ttl(rayjob))
+
+
+def pods_going(trainingjob: Mapping[str, Any], rayjob: Mapping[str, Any] | None, now: datetime) -> bool:
+    """Whether an ended attempt's pods may be going away now (KubeRay deletes its cluster as the
+    attempt fails, or ttlSecondsAfterFinished after the job ends): looked at closely then, also while
+    the next attempt's cluster starts."""
+    return settling(trainingjob.get("status") or {}, now, _ttl(rayjob)) == 0.0
+
+
+def _ttl(rayjob: Mapping[str, Any] | None) -> float:
+    return float(((rayjob or {}).get("spec") or {}).get("ttlSecondsAfterFinished") or 0)
 
 
 # `Controller.status` of this kind: the same signature as the other kind's (an intended parallel).
