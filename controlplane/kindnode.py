@@ -7,7 +7,9 @@ module makes an equivalent from what the project already builds:
 
 - the root filesystem: mmdebstrap's bookworm minbase with kind's base package list (less what only
   storage e2e tests and rootless kind use: nfs-common, open-iscsi, fuse-overlayfs) plus Debian's
-  containerd, runc and CNI plugins (kind compiles newer ones: containerd 2.x, runc 1.4);
+  containerd, runc and CNI plugins (kind compiles newer ones: containerd 2.x, runc 1.4); every Debian
+  package of the node and of kube-proxy's image at the version in controlplane/kindnode.lock, and a
+  build whose root filesystem holds anything else fails (`--relock` writes the lock anew);
 - kind v0.33.0's `images/base/files`, copied from the pinned module and set up as its Dockerfile does
   (units enabled and masked, /sbin/init, /kind/version);
 - kubeadm, kubelet and kubectl from the pinned k8s.io/kubernetes (controlplane/build.py);
@@ -79,6 +81,11 @@ NODE_PACKAGES = (
     "libseccomp2", "pigz", "e2fsprogs", "bash", "ca-certificates", "curl", "jq", "procps", *RUNTIME_PINS,
 )  # fmt: skip
 PROXY_PACKAGES = ("nftables", "iptables", "conntrack")  # kube-proxy's image: nft for its nftables mode
+# Every Debian package of each root filesystem, name=version: what the named packages above resolved to
+# when the lock was written (`python3 controlplane/kindnode.py --relock`), minbase's own included.
+LOCK = HERE / "kindnode.lock"
+LOCK_SECTIONS = {"node": NODE_PACKAGES, "kube-proxy": PROXY_PACKAGES}
+RELOCK = "python3 controlplane/kindnode.py --relock"
 MMDEBSTRAP_OPTIONS = (
     "--variant=minbase",
     "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
@@ -161,7 +168,8 @@ def key() -> str:
     """A hash of everything that goes into the node image."""
     bins = _binaries()
     parts = [
-        Path(__file__).read_bytes(), (HERE / "oci.py").read_bytes(), _tree_digest(kind_files()).encode(),
+        Path(__file__).read_bytes(), (HERE / "oci.py").read_bytes(), LOCK.read_bytes(),
+        _tree_digest(kind_files()).encode(),
         *(str(bins[name]).encode() for name in sorted(bins)),  # their folders carry the build's hash
         _pause_source().read_bytes(),
     ]  # fmt: skip
@@ -204,16 +212,126 @@ def sandbox_image() -> str:
     raise SystemExit("kind node: no sandbox_image in kind's containerd config.toml")
 
 
-def _mmdebstrap(packages: tuple[str, ...], out: Path, log_file: Path, hooks: list[str] = ()) -> None:
+# --- the Debian packages, locked ------------------------------------------------------------------------
+def read_lock(text: str) -> dict[str, dict[str, str]]:
+    """The lock's sections: {section: {package: version}} (lines `[section]` and `package=version`)."""
+    sections: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], {})
+        elif "=" in line and current is not None:
+            name, version = line.split("=", 1)
+            current[name] = version
+        else:
+            raise SystemExit(f"{LOCK.name}:{number}: expected [section] or package=version, got {raw!r}")
+    return sections
+
+
+def write_lock(sections: dict[str, dict[str, str]]) -> str:
+    lines = [
+        "# The kind node image's Debian packages (controlplane/kindnode.py), each at the version it is",
+        "# built with: every package of each root filesystem, not only the named ones.",
+        f"# Written by `{RELOCK}`.",
+    ]
+    for section, packages in sections.items():
+        lines += ["", f"[{section}]", *(f"{name}={packages[name]}" for name in sorted(packages))]
+    return "\n".join(lines) + "\n"
+
+
+def locked(section: str) -> dict[str, str]:
+    found = read_lock(LOCK.read_text()).get(section)
+    if not found:
+        raise SystemExit(f"kind node: {LOCK.name} has no [{section}] section; run `{RELOCK}`")
+    return found
+
+
+def installed_packages(rootfs_tar: Path) -> dict[str, str]:
+    """{package: version} of what dpkg installed in a root filesystem tar (its var/lib/dpkg/status)."""
+    with tarfile.open(rootfs_tar) as tar:
+        member = next(m for m in tar if m.name.lstrip("./") == "var/lib/dpkg/status")
+        status = tar.extractfile(member)
+        assert status is not None, member.name
+        text = status.read().decode()
+    found = {}
+    for stanza in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and line[0] != " ")
+        if fields.get("Status", "").endswith(" installed"):
+            found[fields["Package"]] = fields["Version"]
+    return found
+
+
+def lock_differences(wanted: dict[str, str], found: dict[str, str]) -> list[str]:
+    """What a root filesystem holds apart from its lock, a line each (none: it is the lock)."""
+    return [
+        f"{name}: locked {wanted.get(name, '(not locked)')}, installed {found.get(name, '(not installed)')}"
+        for name in sorted(set(wanted) | set(found))
+        if wanted.get(name) != found.get(name)
+    ]
+
+
+def _not_served(log_tail: str) -> list[str]:
+    """apt's words for a pinned version Debian no longer serves (its archive keeps the newest build)."""
+    return [line.strip() for line in log_tail.splitlines() if "was not found" in line and "Version '" in line]
+
+
+def _mmdebstrap(
+    packages: tuple[str, ...],
+    out: Path,
+    log_file: Path,
+    hooks: list[str] = (),
+    lock: dict[str, str] | None = None,
+) -> None:
+    """A bookworm minbase root filesystem tar with `packages`; with `lock`, every package at its locked
+    version and nothing else installed."""
+    include = [f"{name}={version}" for name, version in sorted(lock.items())] if lock else list(packages)
     # In its own mount namespace: what mmdebstrap (and a hook) mounts goes away with it.
     cmd = ["unshare", "--mount", "--propagation", "private", "--", "mmdebstrap", *MMDEBSTRAP_OPTIONS]
-    cmd += ["--mode=root", "--format=tar", f"--include={','.join(packages)}"]
+    cmd += ["--mode=root", "--format=tar", f"--include={','.join(include)}"]
     cmd += [f"--customize-hook={hook}" for hook in hooks]
     cmd += [DEBIAN_SUITE, str(out), *DEBIAN_SOURCES]
+    start = log_file.stat().st_size if log_file.exists() else 0
     with open(log_file, "ab") as log:
         done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode != 0:
+        with open(log_file, "rb") as log:
+            log.seek(start)
+            gone = _not_served(log.read().decode(errors="replace"))
+        if gone:
+            raise SystemExit(
+                f"kind node: Debian no longer serves a locked version ({'; '.join(gone[:3])}): a newer "
+                f"bookworm build replaced it; run `{RELOCK}`, rebuild and test, and commit {LOCK.name}"
+            )
         raise SystemExit(f"kind node: mmdebstrap failed ({done.returncode}); see {log_file}")
+    if lock:
+        extra = lock_differences(lock, installed_packages(out))
+        if extra:
+            raise SystemExit(
+                f"kind node: {out.name} differs from {LOCK.name} ({'; '.join(extra[:5])}"
+                f"{' ...' if len(extra) > 5 else ''}); run `{RELOCK}` if that is wanted"
+            )
+
+
+def relock(log=print) -> None:
+    """Resolve each section's named packages anew (Debian's current bookworm builds) and write every
+    package of the result to the lock."""
+    cache_root().mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="kindlock-", dir=cache_root()))
+    sections = {}
+    try:
+        for section, packages in LOCK_SECTIONS.items():
+            log(f"kind node: resolving [{section}]: {' '.join(packages)} ...")
+            rootfs = workdir / f"{section}.tar"
+            _mmdebstrap(packages, rootfs, cache_root() / "kindnode.log")
+            sections[section] = installed_packages(rootfs)
+            rootfs.unlink()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    LOCK.write_text(write_lock(sections))
+    log(f"kind node: wrote {LOCK} ({', '.join(f'{k}: {len(v)} packages' for k, v in sections.items())})")
 
 
 def control_plane_images(workdir: Path, log_file: Path, log=print) -> list[Path]:
@@ -239,7 +357,7 @@ def control_plane_images(workdir: Path, log_file: Path, log=print) -> list[Path]
         if name == "kube-proxy":
             rootfs = workdir / "proxy-rootfs.tar"
             log("kind node: mmdebstrap kube-proxy's base (nft, iptables) ...")
-            _mmdebstrap(PROXY_PACKAGES, rootfs, log_file)
+            _mmdebstrap(PROXY_PACKAGES, rootfs, log_file, lock=locked("kube-proxy"))
             layers.insert(0, rootfs.read_bytes())
             rootfs.unlink()
         archive = images / f"{name}.tar"
@@ -376,7 +494,8 @@ def ensure_built(log=print) -> Path:
         rootfs = workdir / "rootfs.tar"
         hook = workdir / "customize-hook.sh"
         hook.write_text(_hook_script(workdir, archives))
-        _mmdebstrap(NODE_PACKAGES, rootfs, log_file, hooks=[f'sh {shlex.quote(str(hook))} "$1"'])
+        hooks = [f'sh {shlex.quote(str(hook))} "$1"']
+        _mmdebstrap(NODE_PACKAGES, rootfs, log_file, hooks=hooks, lock=locked("node"))
         partial = final.with_suffix(".partial")
         docker_archive(rootfs, partial, image_ref())
         partial.rename(final)
@@ -397,7 +516,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--print", action="store_true", help="print the archive's path and ref; build nothing"
     )
+    parser.add_argument(
+        "--relock", action="store_true", help=f"resolve the named packages anew and write {LOCK.name}"
+    )
     args = parser.parse_args(argv)
+    if args.relock:
+        relock()
+        return 0
     if args.print:
         print(f"{image_ref()}\t{archive_path()}\t{'built' if archive_path().is_file() else 'missing'}")
         return 0

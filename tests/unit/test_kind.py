@@ -201,3 +201,53 @@ def test_up_marks_a_cluster_it_starts_as_its_own_and_one_it_finds_not(monkeypatc
     monkeypatch.setattr(kindcluster, "is_up", lambda: True)
     assert kindcluster.main(["up", "--started-file", str(marker)]) == 0
     assert not marker.exists()
+
+
+def test_the_lock_names_every_package_of_each_root_filesystem_at_one_version() -> None:
+    """The node image is built from the lock only: each section holds its named packages (and minbase's
+    own: dpkg, apt, libc6), the runtime at the real node's pins, and reads back as it was written."""
+    sections = kindnode.read_lock(kindnode.LOCK.read_text())
+    assert set(sections) == set(kindnode.LOCK_SECTIONS)
+    for section, named in kindnode.LOCK_SECTIONS.items():
+        packages = sections[section]
+        assert {p.split("=")[0] for p in named} | {"dpkg", "apt", "libc6"} <= set(packages), section
+        for pin in named:
+            if "=" in pin:
+                name, version = pin.split("=")
+                assert packages[name] == version, (section, pin)
+    assert kindnode.read_lock(kindnode.write_lock(sections)) == sections
+
+
+def test_a_root_filesystem_apart_from_its_lock_is_named_package_by_package(tmp_path: Path) -> None:
+    status = (
+        b"Package: libc6\nStatus: install ok installed\nVersion: 2.36-9+deb12u13\n\n"
+        b"Package: systemd\nStatus: install ok installed\nVersion: 252.39-1~deb12u1\nDescription: x\n more\n\n"
+        b"Package: old\nStatus: deinstall ok config-files\nVersion: 1\n"
+    )
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("./var/lib/dpkg/status")
+        info.size = len(status)
+        tar.addfile(info, io.BytesIO(status))
+    rootfs = tmp_path / "rootfs.tar"
+    rootfs.write_bytes(buffer.getvalue())
+    found = kindnode.installed_packages(rootfs)
+    assert found == {"libc6": "2.36-9+deb12u13", "systemd": "252.39-1~deb12u1"}
+    assert kindnode.lock_differences(dict(found), found) == []
+    assert kindnode.lock_differences({"libc6": "2.36-9+deb12u12", "curl": "7.88"}, found) == [
+        "curl: locked 7.88, installed (not installed)",
+        "libc6: locked 2.36-9+deb12u12, installed 2.36-9+deb12u13",
+        "systemd: locked (not locked), installed 252.39-1~deb12u1",
+    ]
+
+
+def test_a_locked_version_debian_no_longer_serves_is_said_with_apts_words() -> None:
+    log = "I: installing remaining packages inside the chroot...\nE: Version '252.38-1~deb12u1' for 'systemd' was not found\n"
+    assert kindnode._not_served(log) == ["E: Version '252.38-1~deb12u1' for 'systemd' was not found"]
+    assert kindnode._not_served("E: Unable to locate package nosuch") == []
+    try:
+        kindnode.read_lock("[node]\nsystemd 252\n")
+    except SystemExit as err:
+        assert "kindnode.lock:2: expected [section] or package=version" in str(err)
+    else:
+        raise AssertionError("a malformed line was read")
