@@ -125,11 +125,12 @@ docs-deps: ## install the headless browser the docs site's test uses (bookworm's
 TIERS_WITHOUT_RAY := tests/unit tests/chart tests/docs tests/controlplane tests/operator
 TIERS_WITH_RAY := tests/workloads
 TIERS_AFTER := tests/e2e --ignore=tests/e2e/test_kind.py
-# The kind tier last, once the local cluster is down. Its cluster starts beside the Ray tier too, after
-# the local one (kind-up is ~2.5 min of image import and kubeadm, which the end of the Ray tier shares;
-# started after the end-to-end tier it was 144 s of the kind tier's 354 s), and idles through the
-# end-to-end tier; `make test` takes down what it started. Where none is up, the tier's fixture brings
-# one up and down itself (RAYSHIP_KIND=1; under CI=true it would anyway).
+# The kind tier beside the Ray tier too, after the local cluster is up: its cluster starts (~3 min of
+# image import and kubeadm), its tests run (~2.5 min) and it goes down before the end-to-end tier,
+# which the Ray tier's end would otherwise wait for. Run after the end-to-end tier it added its whole
+# time to the run (141 s, the CI run of 9b217d7); beside the end-to-end tier it slowed that tier's
+# real-pod timings (d3c27fb). Where no cluster is up, the tier's fixture brings one up and down itself
+# (RAYSHIP_KIND=1; under CI=true it would anyway).
 TIER_KIND := tests/e2e/test_kind.py
 
 # Each tier's output is also kept in .venv/tier-*.log; the last lines repeat every tier's failures
@@ -142,7 +143,14 @@ BESIDE = $(PYTEST) -q --durations=10 $(TIERS_WITHOUT_RAY) > $(VENV)/tier-without
 	echo "--- (exit code $$?, in $${SECONDS}s)"; \
 	echo "--- the kind cluster for $(TIER_KIND), started beside $(TIERS_WITH_RAY) too"; \
 	SECONDS=0; $(BIN)/python controlplane/kindcluster.py up --started-file $(VENV)/kind-started-by-make-test; \
-	echo "--- (exit code $$?, in $${SECONDS}s)"
+	echo "--- (exit code $$?, in $${SECONDS}s)"; \
+	echo "--- $(TIER_KIND), beside $(TIERS_WITH_RAY) too"; \
+	RAYSHIP_KIND=1 $(PYTEST) -q --durations=10 $(TIER_KIND) > $(VENV)/tier-kind.log 2>&1; echo $$? > $(VENV)/tier-kind.rc; \
+	cat $(VENV)/tier-kind.log; \
+	echo "--- the kind cluster down"; SECONDS=0; \
+	if [ -f $(VENV)/kind-started-by-make-test ]; then \
+		$(BIN)/python controlplane/kindcluster.py down --check && rm $(VENV)/kind-started-by-make-test; fi; \
+	echo $$? > $(VENV)/kind-down.rc; echo "--- (exit code $$(cat $(VENV)/kind-down.rc), in $${SECONDS}s)"
 builds: setup node-deps image-deps ## the control plane's binaries (then the kind node image) and the images, built side by side
 	@echo "--- the control plane's binaries beside the images (the images' output follows)"; \
 	SECONDS=0; python3 images/build.py > $(VENV)/images-build.log 2>&1 & images=$$!; \
@@ -151,7 +159,8 @@ builds: setup node-deps image-deps ## the control plane's binaries (then the kin
 	exit $$(( go || built ))
 
 test: builds docs docs-deps ## the whole suite (every tier; what CI runs)
-	@rm -f $(VENV)/tier-without-ray.rc $(VENV)/cluster-started-by-make-test $(VENV)/kind-started-by-make-test; \
+	@rm -f $(VENV)/tier-without-ray.rc $(VENV)/tier-kind.rc $(VENV)/kind-down.rc $(VENV)/tier-kind.log \
+		$(VENV)/cluster-started-by-make-test $(VENV)/kind-started-by-make-test; \
 	stop_ours() { [ ! -f $(VENV)/cluster-started-by-make-test ] || $(BIN)/python controlplane/cluster.py down --check; }; \
 	stop_kind() { [ ! -f $(VENV)/kind-started-by-make-test ] || $(BIN)/python controlplane/kindcluster.py down --check; }; \
 	echo "--- $(TIERS_WITHOUT_RAY), then the clusters (beside the Ray tier; their output follows it)"; \
@@ -160,13 +169,12 @@ test: builds docs docs-deps ## the whole suite (every tier; what CI runs)
 	echo "--- $(TIERS_WITH_RAY)"; \
 	$(PYTEST) -q --durations=25 $(TIERS_WITH_RAY) 2>&1 | tee $(VENV)/tier-with-ray.log; ray=$${PIPESTATUS[0]}; \
 	wait $$beside; without=$$(cat $(VENV)/tier-without-ray.rc 2>/dev/null || echo 1); \
+	kind=$$(cat $(VENV)/tier-kind.rc 2>/dev/null || echo 1); kinddown=$$(cat $(VENV)/kind-down.rc 2>/dev/null || echo 1); \
 	echo "--- $(TIERS_WITHOUT_RAY)"; cat $(VENV)/tier-without-ray.log; cat $(VENV)/beside-ray.log; \
+	trap 'stop_ours; stop_kind' EXIT; stop_kind; \
 	echo "--- $(TIERS_AFTER)"; \
 	$(PYTEST) -q --durations=10 $(TIERS_AFTER) 2>&1 | tee $(VENV)/tier-after.log; after=$${PIPESTATUS[0]}; \
-	trap stop_kind EXIT; stop_ours; down=$$?; \
-	echo "--- $(TIER_KIND)"; \
-	RAYSHIP_KIND=1 $(PYTEST) -q --durations=10 $(TIER_KIND) 2>&1 | tee $(VENV)/tier-kind.log; kind=$${PIPESTATUS[0]}; \
-	trap - EXIT; stop_kind; kinddown=$$?; \
+	trap - EXIT; stop_ours; down=$$?; \
 	echo "--- exit codes: $(TIERS_WITH_RAY) $$ray, the tiers without Ray $$without, $(TIERS_AFTER) $$after, cluster down $$down, kind $$kind, kind down $$kinddown"; \
 	grep -hE '^(FAILED|ERROR) ' $(VENV)/tier-with-ray.log $(VENV)/tier-without-ray.log $(VENV)/tier-after.log $(VENV)/tier-kind.log; \
 	exit $$(( ray || without || after || down || kind || kinddown ))
