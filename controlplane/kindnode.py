@@ -46,6 +46,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 if not __package__:  # run as a script: python3 controlplane/kindnode.py
@@ -252,9 +253,12 @@ def locked(section: str) -> dict[str, str]:
 def installed_packages(rootfs_tar: Path) -> dict[str, str]:
     """{package: version} of what dpkg installed in a root filesystem tar (its var/lib/dpkg/status)."""
     with tarfile.open(rootfs_tar) as tar:
-        member = next(m for m in tar if m.name.lstrip("./") == "var/lib/dpkg/status")
-        status = tar.extractfile(member)
-        assert status is not None, member.name
+        member = next((m for m in tar if m.name.removeprefix("./") == "var/lib/dpkg/status"), None)
+        status = tar.extractfile(member) if member is not None else None
+        if status is None:
+            raise SystemExit(
+                f"kind node: {rootfs_tar} has no var/lib/dpkg/status: not a Debian root filesystem"
+            )
         text = status.read().decode()
     found = {}
     for stanza in text.split("\n\n"):
@@ -278,19 +282,11 @@ def _not_served(log_tail: str) -> list[str]:
     return [line.strip() for line in log_tail.splitlines() if "was not found" in line and "Version '" in line]
 
 
-def _mmdebstrap(
-    packages: tuple[str, ...],
-    out: Path,
-    log_file: Path,
-    hooks: list[str] = (),
-    lock: dict[str, str] | None = None,
-) -> None:
-    """A bookworm minbase root filesystem tar with `packages`; with `lock`, every package at its locked
-    version and nothing else installed."""
-    include = [f"{name}={version}" for name, version in sorted(lock.items())] if lock else list(packages)
+def _mmdebstrap(packages: Sequence[str], out: Path, log_file: Path, hooks: Sequence[str] = ()) -> None:
+    """A bookworm minbase root filesystem tar with `packages` (`name` or `name=version`)."""
     # In its own mount namespace: what mmdebstrap (and a hook) mounts goes away with it.
     cmd = ["unshare", "--mount", "--propagation", "private", "--", "mmdebstrap", *MMDEBSTRAP_OPTIONS]
-    cmd += ["--mode=root", "--format=tar", f"--include={','.join(include)}"]
+    cmd += ["--mode=root", "--format=tar", f"--include={','.join(packages)}"]
     cmd += [f"--customize-hook={hook}" for hook in hooks]
     cmd += [DEBIAN_SUITE, str(out), *DEBIAN_SOURCES]
     start = log_file.stat().st_size if log_file.exists() else 0
@@ -306,13 +302,19 @@ def _mmdebstrap(
                 f"bookworm build replaced it; run `{RELOCK}`, rebuild and test, and commit {LOCK.name}"
             )
         raise SystemExit(f"kind node: mmdebstrap failed ({done.returncode}); see {log_file}")
-    if lock:
-        extra = lock_differences(lock, installed_packages(out))
-        if extra:
-            raise SystemExit(
-                f"kind node: {out.name} differs from {LOCK.name} ({'; '.join(extra[:5])}"
-                f"{' ...' if len(extra) > 5 else ''}); run `{RELOCK}` if that is wanted"
-            )
+
+
+def _locked_rootfs(section: str, out: Path, log_file: Path, hooks: Sequence[str] = ()) -> None:
+    """The lock's `section` as a root filesystem tar: every package at its locked version, and a
+    failure naming what else it holds."""
+    lock = locked(section)
+    _mmdebstrap([f"{name}={version}" for name, version in sorted(lock.items())], out, log_file, hooks)
+    extra = lock_differences(lock, installed_packages(out))
+    if extra:
+        raise SystemExit(
+            f"kind node: {out.name} differs from {LOCK.name} [{section}] ({'; '.join(extra[:5])}"
+            f"{' ...' if len(extra) > 5 else ''}); run `{RELOCK}` if that is wanted"
+        )
 
 
 def relock(log=print) -> None:
@@ -357,7 +359,7 @@ def control_plane_images(workdir: Path, log_file: Path, log=print) -> list[Path]
         if name == "kube-proxy":
             rootfs = workdir / "proxy-rootfs.tar"
             log("kind node: mmdebstrap kube-proxy's base (nft, iptables) ...")
-            _mmdebstrap(PROXY_PACKAGES, rootfs, log_file, lock=locked("kube-proxy"))
+            _locked_rootfs("kube-proxy", rootfs, log_file)
             layers.insert(0, rootfs.read_bytes())
             rootfs.unlink()
         archive = images / f"{name}.tar"
@@ -494,8 +496,7 @@ def ensure_built(log=print) -> Path:
         rootfs = workdir / "rootfs.tar"
         hook = workdir / "customize-hook.sh"
         hook.write_text(_hook_script(workdir, archives))
-        hooks = [f'sh {shlex.quote(str(hook))} "$1"']
-        _mmdebstrap(NODE_PACKAGES, rootfs, log_file, hooks=hooks, lock=locked("node"))
+        _locked_rootfs("node", rootfs, log_file, hooks=[f'sh {shlex.quote(str(hook))} "$1"'])
         partial = final.with_suffix(".partial")
         docker_archive(rootfs, partial, image_ref())
         partial.rename(final)

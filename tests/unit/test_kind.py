@@ -234,6 +234,15 @@ def test_a_root_filesystem_apart_from_its_lock_is_named_package_by_package(tmp_p
     found = kindnode.installed_packages(rootfs)
     assert found == {"libc6": "2.36-9+deb12u13", "systemd": "252.39-1~deb12u1"}
     assert kindnode.lock_differences(dict(found), found) == []
+    empty = tmp_path / "empty.tar"
+    with tarfile.open(empty, "w"):
+        pass
+    try:
+        kindnode.installed_packages(empty)
+    except SystemExit as err:
+        assert "has no var/lib/dpkg/status: not a Debian root filesystem" in str(err)
+    else:
+        raise AssertionError("a root filesystem without dpkg's status was read")
     assert kindnode.lock_differences({"libc6": "2.36-9+deb12u12", "curl": "7.88"}, found) == [
         "curl: locked 7.88, installed (not installed)",
         "libc6: locked 2.36-9+deb12u12, installed 2.36-9+deb12u13",
