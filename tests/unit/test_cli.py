@@ -178,6 +178,29 @@ def test_real_process_exit_code_and_no_traceback(argv: list[str]) -> None:
     assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
 
 
+PROGRAM_EXIT = """
+import atexit, sys, threading, time
+from rayship import cli
+atexit.register(lambda: print("atexit ran", end=""))  # unflushed: the exit must flush it
+if sys.argv[1] == "thread":  # a thread that outlives main(): the normal exit waits for it
+    threading.Thread(target=lambda: (time.sleep(0.5), print("thread done", flush=True))).start()
+sys.argv = ["rayship", "render", "-f", "/nonexistent.yaml"]
+cli.command()
+print("not reached")
+"""
+
+
+@pytest.mark.parametrize("case", ["fast", "thread"])
+def test_the_program_exits_with_mains_code_after_its_atexit_functions_and_threads(case: str) -> None:
+    """`rayship` (cli.command) ends without Python's module teardown, but as a normal exit otherwise."""
+    proc = subprocess.run(
+        [sys.executable, "-c", PROGRAM_EXIT, case], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1, proc
+    assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout == ("thread done\natexit ran" if case == "thread" else "atexit ran"), proc.stdout
+
+
 def test_usage_error_exits_2() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "rayship.cli", "render"], capture_output=True, text=True, timeout=60

@@ -226,9 +226,9 @@ def deepspeed_run(df: Dockerfile) -> tuple[int, str]:
 
 
 def check_operator_entrypoint(df: Dockerfile) -> None:
-    """ENTRYPOINT + CMD is `<console script of rayship.cli:main> operator ...`, valid for the CLI."""
+    """ENTRYPOINT + CMD is `<console script of rayship.cli:command> operator ...`, valid for the CLI."""
     argv = operator_argv(df)
-    assert argv[0] == console_script("rayship.cli:main"), argv
+    assert argv[0] == console_script("rayship.cli:command"), argv
     try:
         args = cli.build_parser().parse_args(argv[1:])
     except SystemExit:

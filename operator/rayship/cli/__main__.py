@@ -1,7 +1,5 @@
 """`python -m rayship.cli`: the `rayship` command."""
 
-import sys
+from rayship.cli import command
 
-from rayship.cli import main
-
-sys.exit(main())
+command()
