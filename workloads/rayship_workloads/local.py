@@ -15,6 +15,7 @@ appends to metrics.json and loss.png; a finished run is not retrained without `r
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -43,6 +44,8 @@ if TYPE_CHECKING:  # at run time, imported where used: `rayship serve` needs no 
     from rayship_workloads.job import JobResult
 
 RUNS_DIR = Path("rayship-runs")
+logger = logging.getLogger(__name__)
+
 RAY_OUTPUT_FILE = "ray-output.log"  # Ray's own lines of a local run, in its run directory (raylog)
 HELD_OUT_ROWS = 256  # the demo's fresh rows, to say the served model's error on data it never saw
 DEMO_HOST = "127.0.0.1"  # the demo serves on loopback only
@@ -51,6 +54,7 @@ DEMO_HOST = "127.0.0.1"  # the demo serves on loopback only
 # 2 s, is meant for a cluster; with the short epochs of a laptop run it was most of each epoch. The
 # poll is one small actor call per worker; a value set in the environment wins.
 LOCAL_TRAIN_POLL_S = "0.2"
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"  # Ray Train V2's; on by default
 TRAIN_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"  # Ray Train V2's; the driver passes it on
 
 
@@ -59,6 +63,9 @@ def local_environment() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault(TRAIN_POLL_ENV, LOCAL_TRAIN_POLL_S)  # read when a run starts, in this process
+    # One machine has no node that a drain or a spot reclaim takes away: Ray Train's preemption watcher
+    # (an actor process of its own, started as the first epoch starts) has nothing to watch here.
+    os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
     # the train loop's print() lines as written: each one (not "[repeated 8x]"), without color codes
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("RAY_COLOR_PREFIX", "0")
@@ -139,9 +146,25 @@ def init_ray(
         log_to_driver=True,  # the train loop's print() output (progress lines follow metrics.json)
         runtime_env=runtime_env or None,
     )
+    atexit.unregister(stop_ray)  # registered once, after Ray's own atexit shutdown: it runs first
+    atexit.register(stop_ray)
     if output is not None:
         output.attach()
     return {}
+
+
+def stop_ray() -> None:
+    """`ray.shutdown()` of the local Ray this process started, less the second it spent on the
+    autoscaler's monitor: Ray stops the GCS before the monitor, whose SIGTERM handler then reports
+    its end to the stopped GCS until Ray kills it after its 1 s grace (ray/_private/node.py
+    kill_all_processes, autoscaler/_private/monitor.py). A local Ray's monitor has no nodes to look
+    after: it is killed first, at once. Ray not running: nothing to do."""
+    import ray
+
+    node = ray._private.worker._global_node
+    if node is not None and node.head:
+        node.kill_monitor(check_alive=False)
+    ray.shutdown()
 
 
 def follow(metrics_path: Path, epochs: int, stop: threading.Event, since: float) -> None:
@@ -176,12 +199,18 @@ def follow(metrics_path: Path, epochs: int, stop: threading.Event, since: float)
             bar.close()
 
 
-def plot_loss(history: list[dict[str, Any]], path: Path, title: str) -> None:
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files only (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_loss(history: list[dict[str, Any]], path: Path, title: str) -> None:
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, label in (("loss", "training loss"), ("evalLoss", "validation loss")):
         points = [(h["epoch"], h["metrics"][key]) for h in history if key in h.get("metrics", {})]
@@ -355,6 +384,7 @@ def run(
         worker_env = init_ray(local.spec.workers.replicas, ray_env, output)
         if ray_started is not None:
             ray_started()
+        _import_pyplot_ahead()
         reporter = LocalReporter(out)
         try:
             job.run(local, storage_root=str(out / "checkpoints"), reporter=reporter, runtime_env=worker_env)
@@ -364,6 +394,20 @@ def run(
         if output is not None and ray_output is None:
             output.detach()
     return reporter.summary
+
+
+def _import_pyplot_ahead() -> None:
+    """pyplot, for the loss curve drawn when the run ends, imported in a thread while the job trains
+    (the driver mostly waits then): imported at the end, it was 0.9 s between the last epoch and
+    `model:` (bench/demo.py's "run end" phase). An import error is raised again by `plot_loss`."""
+
+    def load() -> None:
+        try:
+            pyplot()
+        except ImportError as err:  # raised again where the loss curve is drawn (plot_loss)
+            logger.debug("pyplot not imported ahead: %s", err)
+
+    threading.Thread(target=load, name="rayship-pyplot", daemon=True).start()
 
 
 def post_json(url: str, payload: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
@@ -451,7 +495,7 @@ def demo(
             node_id = ray.get_runtime_context().get_node_id()
             if not own_ray:
                 ray_serve.shutdown()
-            ray.shutdown()
+            stop_ray()
             stop_haproxy_left_behind(haproxy_folder(node_id))
         if output is not None:
             output.detach()
