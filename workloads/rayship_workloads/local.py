@@ -384,7 +384,8 @@ def run(
         worker_env = init_ray(local.spec.workers.replicas, ray_env, output)
         if ray_started is not None:
             ray_started()
-        _import_pyplot_ahead()
+        if local.spec.tuning is None:  # a search draws no loss curve
+            _import_pyplot_ahead()
         reporter = LocalReporter(out)
         try:
             job.run(local, storage_root=str(out / "checkpoints"), reporter=reporter, runtime_env=worker_env)
