@@ -43,9 +43,8 @@ if TYPE_CHECKING:  # at run time, imported where used: `rayship serve` needs no 
 
     from rayship_workloads.job import JobResult
 
-RUNS_DIR = Path("rayship-runs")
 logger = logging.getLogger(__name__)
-
+RUNS_DIR = Path("rayship-runs")
 RAY_OUTPUT_FILE = "ray-output.log"  # Ray's own lines of a local run, in its run directory (raylog)
 HELD_OUT_ROWS = 256  # the demo's fresh rows, to say the served model's error on data it never saw
 DEMO_HOST = "127.0.0.1"  # the demo serves on loopback only
