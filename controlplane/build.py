@@ -11,6 +11,7 @@ the same machine (CI) therefore reuses the binaries; changing a pin rebuilds onl
 built is ever written into the repository.
 
     python3 controlplane/build.py            # build what is missing, print timings
+    python3 controlplane/build.py kubernetes etcd   # only these modules (what is missing of them)
     python3 controlplane/build.py --print    # the binary paths (builds nothing)
 """
 
@@ -26,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,8 +162,20 @@ def binaries() -> dict[str, Path]:
     return {name: m.bin_dir() / name for m in MODULES for name in m.packages}
 
 
-def missing() -> list[Module]:
-    return [m for m in MODULES if not m.built()]
+def modules(names: Sequence[str] | None = None) -> tuple[Module, ...]:
+    """The modules named (all where `names` is None), in MODULES' order; an unknown name is an error."""
+    if names is None:
+        return MODULES
+    unknown = sorted(set(names) - {m.name for m in MODULES})
+    if unknown:
+        raise SystemExit(
+            f"controlplane: no module {', '.join(unknown)} (known: {', '.join(m.name for m in MODULES)})"
+        )
+    return tuple(m for m in MODULES if m.name in names)
+
+
+def missing(names: Sequence[str] | None = None) -> list[Module]:
+    return [m for m in modules(names) if not m.built()]
 
 
 def build_module(module: Module, log=print) -> float:
@@ -185,16 +199,20 @@ def build_module(module: Module, log=print) -> float:
     return seconds
 
 
-def ensure_built(log=print) -> dict[str, Path]:
-    """Build whatever is missing; returns binaries(). One build at a time per machine: a second caller
-    waits, then finds the binaries built."""
+def ensure_built(log=print, names: Sequence[str] | None = None) -> dict[str, Path]:
+    """Build whatever is missing (of the modules `names`, or all); returns binaries(). One build at a
+    time per machine: a second caller waits, then finds the binaries built. A caller whose modules are
+    all built takes no lock, so it need not wait for another's build of modules it does not use (the
+    kind node image is built while `make builds` goes on with KubeRay and kwok)."""
     started = time.monotonic()
-    cache_root().mkdir(parents=True, exist_ok=True)
-    with open(cache_root() / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        todo = missing()
-        for module in todo:
-            build_module(module, log)
+    todo = missing(names)  # a module's folder appears complete or not at all (a rename)
+    if todo:
+        cache_root().mkdir(parents=True, exist_ok=True)
+        with open(cache_root() / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            todo = missing(names)
+            for module in todo:
+                build_module(module, log)
     total = time.monotonic() - started
     if todo:
         log(f"controlplane: first build of {', '.join(m.name for m in todo)}: {total:.0f}s")
@@ -206,12 +224,13 @@ def ensure_built(log=print) -> dict[str, Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--print", action="store_true", help="print the binary paths; build nothing")
+    parser.add_argument("module", nargs="*", help="build only these modules (default: all)")
     args = parser.parse_args(argv)
     if args.print:
         for name, path in binaries().items():
             print(f"{name}\t{path}\t{'built' if path.exists() else 'missing'}")
         return 0
-    ensure_built()
+    ensure_built(names=args.module or None)
     return 0
 
 

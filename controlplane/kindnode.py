@@ -153,8 +153,14 @@ def kind_files() -> Path:
     return build.module_dir("kind", KIND_MODULE) / "images" / "base" / "files"
 
 
+# The control-plane modules whose binaries go into the node image (kubeadm, the kubelet, kubectl, the
+# control plane's images); KubeRay, kwok, kube-router and kind itself do not, so `make builds` builds
+# these first and the node image beside the rest.
+NODE_MODULES = ("kubernetes", "etcd", "coredns", "kubeadm")
+
+
 def _binaries() -> dict[str, Path]:
-    return build.binaries()
+    return {name: m.bin_dir() / name for m in build.modules(NODE_MODULES) for name in m.packages}
 
 
 def _tree_digest(root: Path) -> str:
@@ -483,7 +489,7 @@ def ensure_built(log=print) -> Path:
     if final.is_file():
         log(f"kind node: image cached ({final})")
         return final
-    build.ensure_built(log)
+    build.ensure_built(log, names=NODE_MODULES)
     cache_root().mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="kindnode-", dir=cache_root()))
@@ -520,7 +526,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--relock", action="store_true", help=f"resolve the named packages anew and write {LOCK.name}"
     )
+    parser.add_argument(
+        "--binaries", action="store_true",
+        help=f"build only the control-plane modules the image needs ({', '.join(NODE_MODULES)}), not the image",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.binaries:
+        build.ensure_built(names=NODE_MODULES)
+        return 0
     if args.relock:
         relock()
         return 0

@@ -13,6 +13,8 @@ from importlib.machinery import SourceFileLoader
 from importlib.util import module_from_spec, spec_from_loader
 from pathlib import Path
 
+import pytest
+
 from controlplane import kindcluster, kindnode, node
 from controlplane.oci import file_layer, oci_archive
 
@@ -260,3 +262,37 @@ def test_a_locked_version_debian_no_longer_serves_is_said_with_apts_words() -> N
         assert "kindnode.lock:2: expected [section] or package=version" in str(err)
     else:
         raise AssertionError("a malformed line was read")
+
+
+def test_the_node_image_is_built_from_its_own_modules_only(tmp_path: Path, monkeypatch) -> None:
+    from controlplane import build
+
+    monkeypatch.setenv("RAYSHIP_CACHE", str(tmp_path))
+    bins = kindnode._binaries()
+    # every binary the image installs (kind's node build) or makes an image of (kubeadm's list, less
+    # pause: compiled apart) comes from NODE_MODULES, which `make builds` builds before the image
+    assert set(bins) == {"kubeadm", "kubelet", "kubectl", "kube-apiserver", "kube-controller-manager",
+                         "kube-scheduler", "kube-proxy", "etcd", "coredns"}  # fmt: skip
+    assert {m.name for m in build.modules(kindnode.NODE_MODULES)} == set(kindnode.NODE_MODULES)
+    # so a module it does not use (KubeRay, kwok, kube-router, kind) being built takes nothing from it
+    assert {"kuberay", "kwok", "netpol", "kind"}.isdisjoint(kindnode.NODE_MODULES)
+    assert bins == {name: path for name, path in build.binaries().items() if name in bins}
+
+
+def test_a_build_of_modules_already_built_takes_no_lock(tmp_path: Path, monkeypatch) -> None:
+    import fcntl
+
+    from controlplane import build
+
+    monkeypatch.setenv("RAYSHIP_CACHE", str(tmp_path))
+    (etcd,) = build.modules(["etcd"])
+    etcd.bin_dir().mkdir(parents=True)
+    (etcd.bin_dir().parent / ".complete").write_text(etcd.key())
+    (tmp_path / "controlplane" / ".lock").touch()
+    with open(tmp_path / "controlplane" / ".lock") as held:  # another build holds the machine's lock
+        fcntl.flock(held, fcntl.LOCK_EX)
+        logged: list[str] = []
+        assert build.ensure_built(logged.append, names=["etcd"])["etcd"] == etcd.bin_dir() / "etcd"
+    assert logged and "cached" in logged[0]
+    with pytest.raises(SystemExit, match="no module kubelet"):
+        build.modules(["kubelet"])
