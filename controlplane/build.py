@@ -92,8 +92,9 @@ MODULES = (
     Module("etcd", {"etcd": "."}),
     Module("kwok", {"kwok": "sigs.k8s.io/kwok/cmd/kwok"}, "-X sigs.k8s.io/kwok/pkg/consts.Version=v0.7.0"),
     Module("kuberay", {"ray-operator": "github.com/ray-project/kuberay/ray-operator"}),
-    # the real node's cluster DNS (controlplane/node.py)
-    Module("coredns", {"coredns": "github.com/coredns/coredns"}),
+    # the cluster DNS of the real node (controlplane/node.py) and the kind node: CoreDNS with the
+    # plugins their Corefiles use (go/coredns/main.go), not all 70 of its main package
+    Module("coredns", {"coredns": "."}),
     # the real node's NetworkPolicy engine (kube-router's firewall): the policies rayship renders are
     # enforced on real-0's pods, so a test sees a connection they forbid fail
     Module("netpol", {"kube-router": "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"}),

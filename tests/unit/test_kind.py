@@ -48,7 +48,7 @@ def test_the_image_tags_kubeadm_is_told_are_the_pinned_builds() -> None:
     etcd = (ROOT / "controlplane" / "go" / "etcd" / "go.mod").read_text()
     coredns = (ROOT / "controlplane" / "go" / "coredns" / "go.mod").read_text()
     assert f"go.etcd.io/etcd/server/v3 v{kindnode.ETCD_TAG.removesuffix('-0')}" in etcd
-    assert f"github.com/coredns/coredns {kindnode.COREDNS_TAG} " in coredns
+    assert f"github.com/coredns/coredns {kindnode.COREDNS_TAG}\n" in coredns
     # kind merges the tags into the ClusterConfiguration of whichever kubeadm API it writes (v1beta3
     # for v1.35: a patch naming v1beta4 matched nothing, and kubeadm asked for etcd 3.6.6-0)
     (tags,) = [
@@ -296,3 +296,18 @@ def test_a_build_of_modules_already_built_takes_no_lock(tmp_path: Path, monkeypa
     assert logged and "cached" in logged[0]
     with pytest.raises(SystemExit, match="no module kubelet"):
         build.modules(["kubelet"])
+
+
+def test_coredns_is_built_with_every_plugin_the_real_nodes_corefile_names(tmp_path: Path) -> None:
+    """go/coredns/main.go imports only some of CoreDNS's plugins; a directive of the real node's
+    Corefile without its plugin would stop CoreDNS at start (kubeadm's Corefile for the kind node is
+    proven by the kind tier: its CoreDNS pods must be Running)."""
+    main = (ROOT / "controlplane" / "go" / "coredns" / "main.go").read_text()
+    plugins = {line.split('"')[1].rsplit("/", 1)[1] for line in main.splitlines() if "/plugin/" in line}
+    directives = {line.split()[0] for line in node.corefile(tmp_path / "kubeconfig").splitlines()[1:]
+                  if line.startswith("    ") and not line.startswith("        ") and line.strip() != "}"}  # fmt: skip
+    assert directives == {"bind", "errors", "kubernetes", "cache"}, directives
+    assert directives <= plugins, directives - plugins
+    # kubeadm's Corefile (cmd/kubeadm/app/phases/addons/dns): "prometheus" is the metrics plugin's
+    assert {"errors", "health", "ready", "kubernetes", "metrics", "forward", "cache", "loop", "reload",
+            "loadbalance"} <= plugins  # fmt: skip
