@@ -118,19 +118,20 @@ docs-deps: ## install the headless browser the docs site's test uses (bookworm's
 # Then it runs the tiers that start no Ray (no Ray process, no Ray head) beside the local-Ray tier,
 # then the end-to-end tier: Ray work stays one suite at a time, and the ~5 min of the others fill the
 # cores the Ray tier leaves idle (~25% on 2 cores: its waits on process starts and polls).
-# Beside it too, once those tiers end: what the end-to-end tier would wait for first, the cluster with
-# its real node (the first pull of the workload image into its containerd, ~3 min). The Ray tier takes
-# ~14 min, so the end-to-end tier finds the cluster up; `make test` stops it at the end if it started
-# it (the e2e fixtures reuse a running cluster and leave it be).
+# Beside it too, once those tiers end: the kind cluster, then the kind tier on it and, beside that
+# tier (whose pods mostly wait), what the end-to-end tier would wait for first: the cluster with its
+# real node (the first pull of the workload image into its containerd, ~3 min fresh). The kind cluster
+# goes down before the end-to-end tier; `make test` stops the local cluster at the end if it started it
+# (the e2e fixtures reuse a running cluster and leave it be). One after the other (cluster, kind, kind
+# tier) this lane ended 153 s after the Ray tier on a fresh machine (the CI run of 214f0f5), the cores
+# ~85 % idle meanwhile.
 TIERS_WITHOUT_RAY := tests/unit tests/chart tests/docs tests/controlplane tests/operator
 TIERS_WITH_RAY := tests/workloads
 TIERS_AFTER := tests/e2e --ignore=tests/e2e/test_kind.py
-# The kind tier beside the Ray tier too, after the local cluster is up: its cluster starts (~3 min of
-# image import and kubeadm), its tests run (~2.5 min) and it goes down before the end-to-end tier,
-# which the Ray tier's end would otherwise wait for. Run after the end-to-end tier it added its whole
-# time to the run (141 s, the CI run of 9b217d7); beside the end-to-end tier it slowed that tier's
-# real-pod timings (d3c27fb). Where no cluster is up, the tier's fixture brings one up and down itself
-# (RAYSHIP_KIND=1; under CI=true it would anyway).
+# Run after the end-to-end tier, the kind tier added its whole time to the run (141 s, the CI run of
+# 9b217d7); beside the end-to-end tier it slowed that tier's real-pod timings (d3c27fb). Where no
+# cluster is up, the tier's fixture brings one up and down itself (RAYSHIP_KIND=1; under CI=true it
+# would anyway).
 TIER_KIND := tests/e2e/test_kind.py
 
 # Each tier's output is also kept in .venv/tier-*.log; the last lines repeat every tier's failures
@@ -138,15 +139,15 @@ TIER_KIND := tests/e2e/test_kind.py
 # beside the Ray tier runs in its own process group (setsid), so that an interrupted run stops it all.
 BESIDE = $(PYTEST) -q --durations=10 $(TIERS_WITHOUT_RAY) > $(VENV)/tier-without-ray.log 2>&1; \
 	echo $$? > $(VENV)/tier-without-ray.rc; \
-	echo "--- the cluster for $(TIERS_AFTER), started beside $(TIERS_WITH_RAY)"; \
-	SECONDS=0; $(BIN)/python controlplane/cluster.py up --started-file $(VENV)/cluster-started-by-make-test; \
-	echo "--- (exit code $$?, in $${SECONDS}s)"; \
-	echo "--- the kind cluster for $(TIER_KIND), started beside $(TIERS_WITH_RAY) too"; \
+	echo "--- the kind cluster for $(TIER_KIND), started beside $(TIERS_WITH_RAY)"; \
 	SECONDS=0; $(BIN)/python controlplane/kindcluster.py up --started-file $(VENV)/kind-started-by-make-test; \
 	echo "--- (exit code $$?, in $${SECONDS}s)"; \
-	echo "--- $(TIER_KIND), beside $(TIERS_WITH_RAY) too"; \
+	echo "--- $(TIER_KIND), beside $(TIERS_WITH_RAY) too, and the cluster for $(TIERS_AFTER) started beside both"; \
+	SECONDS=0; { $(BIN)/python controlplane/cluster.py up --started-file $(VENV)/cluster-started-by-make-test; \
+		echo "--- (the cluster: exit code $$?, in $${SECONDS}s)"; } > $(VENV)/cluster-up.log 2>&1 & up=$$!; \
 	RAYSHIP_KIND=1 $(PYTEST) -q --durations=10 $(TIER_KIND) > $(VENV)/tier-kind.log 2>&1; echo $$? > $(VENV)/tier-kind.rc; \
-	cat $(VENV)/tier-kind.log; \
+	cat $(VENV)/tier-kind.log; echo "--- (the kind tier: in $${SECONDS}s)"; \
+	wait $$up; cat $(VENV)/cluster-up.log; \
 	echo "--- the kind cluster down"; SECONDS=0; \
 	if [ -f $(VENV)/kind-started-by-make-test ]; then \
 		$(BIN)/python controlplane/kindcluster.py down --check && rm $(VENV)/kind-started-by-make-test; fi; \
