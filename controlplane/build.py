@@ -158,9 +158,9 @@ def module_dir(wrapper: str, module_path: str) -> Path:
     return Path(json.loads(out.stdout)["Dir"])
 
 
-def binaries() -> dict[str, Path]:
-    """Binary name -> path in the cache (whether or not it is built yet)."""
-    return {name: m.bin_dir() / name for m in MODULES for name in m.packages}
+def binaries(names: Sequence[str] | None = None) -> dict[str, Path]:
+    """Binary name -> path in the cache (whether or not it is built yet), of the modules `names` (or all)."""
+    return {name: m.bin_dir() / name for m in modules(names) for name in m.packages}
 
 
 def modules(names: Sequence[str] | None = None) -> tuple[Module, ...]:

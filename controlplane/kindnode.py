@@ -160,7 +160,7 @@ NODE_MODULES = ("kubernetes", "etcd", "coredns", "kubeadm")
 
 
 def _binaries() -> dict[str, Path]:
-    return {name: m.bin_dir() / name for m in build.modules(NODE_MODULES) for name in m.packages}
+    return build.binaries(NODE_MODULES)
 
 
 def _tree_digest(root: Path) -> str:

@@ -277,6 +277,7 @@ def test_the_node_image_is_built_from_its_own_modules_only(tmp_path: Path, monke
     # so a module it does not use (KubeRay, kwok, kube-router, kind) being built takes nothing from it
     assert {"kuberay", "kwok", "netpol", "kind"}.isdisjoint(kindnode.NODE_MODULES)
     assert bins == {name: path for name, path in build.binaries().items() if name in bins}
+    assert set(build.binaries()) - set(bins) == {"kwok", "ray-operator", "kube-router", "kind"}
 
 
 def test_a_build_of_modules_already_built_takes_no_lock(tmp_path: Path, monkeypatch) -> None:
